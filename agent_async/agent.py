@@ -1,0 +1,392 @@
+"""Agent: the only module that imports arq. It enqueues, runs workers and maps arq's hooks to JobState."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from arq.connections import RedisSettings
+from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_prefix
+from arq.jobs import serialize_job
+from arq.worker import Retry, Worker, func
+from redis.asyncio import Redis
+
+from agent_async.errors import AgentError, ConfigurationError
+from agent_async.keys import KeySpace
+from agent_async.persistency import EngineWrite, GateClaim, JobPersistency, StartDecision
+from agent_async.registry import JobRegistry, registry
+from agent_async.request import JobRequest
+from agent_async.runner import Backoff, JobContextFactory, JobRunner, Outcome
+from agent_async.settings import AgentSettings
+from agent_async.state import JobState, JobStatus
+
+if TYPE_CHECKING:
+    from agent_async.storage import ClientStorage
+
+__all__ = ["Agent", "EngineView"]
+
+logger = logging.getLogger(__name__)
+
+# arq's default lifetime of a queued job key past its run time (1 day).
+_ENGINE_JOB_TTL_EXTRA_MS = 86_400_000
+# arq counts pickups (shutdown requeues, redeliveries) as tries; our attempts are counted in the
+# JobState. arq's own limit is set this far above max_try so it only acts as a last resort.
+_PICKUP_SLACK = 5
+# arq keeps the result of a job it dropped before running it (no hook is called then); the
+# reconciler reads the reason from there.
+_DROPPED_RESULT_KEEP_S = 3600
+# The concurrency slot outlives the hard limit by this much before it expires on its own.
+_GATE_SAFETY_S = 60
+# When on_job_start could not reach Redis, the job is handed back to the queue for this long.
+_START_FAILED_RETRY_S = 1.0
+# Attempts (and the pause between them) to record an outcome before giving up to the reconciler.
+_RECORD_TRIES = 3
+_RECORD_PAUSE_S = 0.2
+
+# ctx keys shared by our hooks and the job function within one arq run.
+_CTX_DECISION = "agent_async.decision"
+_CTX_OUTCOME = "agent_async.outcome"
+_CTX_T0 = "agent_async.t0"
+
+WorkerHook = Callable[["Agent"], Awaitable[None]]
+
+
+def _wire_default(value: object) -> object:
+    # arq stores the exception of a job it dropped; keep its type and message only.
+    if isinstance(value, BaseException):
+        return {"exc_type": type(value).__name__, "message": str(value)}
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def wire_dumps(value: Any) -> bytes:
+    """arq job_serializer: JSON instead of pickle, so nothing read from Redis can run code."""
+    return json.dumps(value, default=_wire_default, separators=(",", ":")).encode()
+
+
+def wire_loads(raw: bytes) -> Any:
+    return json.loads(raw)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineView:
+    """What arq knows of one job: still queued (or deferred), claimed by a worker, or why it dropped it."""
+
+    queued: bool
+    in_progress: bool
+    dropped_reason: str | None
+
+
+class Agent:
+    """Wraps arq behind a domain API: create_job, worker settings, lifecycle hooks, the large store.
+
+    Constructing it opens nothing; `async with agent:` (or `open()`) connects to Redis in the
+    current process. A worker started through `worker_settings()` binds to arq's own pool instead.
+    """
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        *,
+        job_registry: JobRegistry = registry,
+        store: ClientStorage | None = None,
+        redis: Redis | None = None,
+        job_context: JobContextFactory | None = None,
+        on_worker_startup: Sequence[WorkerHook] = (),
+        on_worker_shutdown: Sequence[WorkerHook] = (),
+    ) -> None:
+        self.settings = settings
+        self.keys = KeySpace(settings.namespace)
+        self.registry = job_registry
+        self._store = store
+        self._redis = redis
+        self._owns_redis = redis is None
+        self._persistency: JobPersistency | None = None
+        self._job_context = job_context
+        self._on_worker_startup = list(on_worker_startup)
+        self._on_worker_shutdown = list(on_worker_shutdown)
+        self._runners: dict[str, JobRunner] = {}
+        self._backoff = Backoff(settings.retry_backoff_base_s, settings.retry_backoff_max_s)
+        self._background: set[asyncio.Task[None]] = set()
+        if redis is not None:
+            self._persistency = self._make_persistency(redis)
+
+    # -- connection lifecycle --------------------------------------------------------------------
+
+    async def open(self) -> None:
+        if self._persistency is None:
+            self._redis = Redis.from_url(self.settings.redis_url)
+            self._owns_redis = True
+            self._persistency = self._make_persistency(self._redis)
+
+    async def close(self) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._store is not None:
+            await self._store.close()
+        if self._owns_redis and self._redis is not None:
+            await self._redis.aclose()
+            self._redis = None
+            self._persistency = None
+
+    async def __aenter__(self) -> Agent:
+        await self.open()
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+    def _make_persistency(self, redis: Redis) -> JobPersistency:
+        return JobPersistency(redis, keys=self.keys, retention_s=self.settings.state_retention_s)
+
+    @property
+    def persistency(self) -> JobPersistency:
+        if self._persistency is None:
+            raise AgentError("the Agent is not connected: use `async with agent:` or await agent.open()")
+        return self._persistency
+
+    @property
+    def redis(self) -> Redis:
+        return self.persistency.redis
+
+    def get_large_store(self) -> ClientStorage:
+        """The large-blob store, scoped to the agent source; built on first use (opens nothing)."""
+        if self._store is None:
+            from agent_async.storage import StorageSource, create_storage
+
+            self._store = create_storage(self.settings, StorageSource.AGENT)
+        return self._store
+
+    # -- enqueue ---------------------------------------------------------------------------------
+
+    async def create_job(
+        self,
+        request: JobRequest,
+        *,
+        user_uid: str | None = None,
+        job_id: str | None = None,
+        schedule_name: str | None = None,
+        defer_s: float = 0.0,
+    ) -> JobState:
+        """Take the gate slot, persist PENDING and queue the arq job in one Redis script."""
+        state = JobState(
+            job_id=job_id or uuid.uuid4().hex,
+            name=request.name,
+            user_uid=user_uid,
+            payload=request.payload(),
+            schedule_name=schedule_name,
+        )
+        await self.persistency.create(
+            state, gate=self._gate_claim(type(request), user_uid), engine=self._engine_write(state, defer_s)
+        )
+        return state
+
+    def _gate_claim(self, request_class: type[JobRequest], user_uid: str | None) -> GateClaim | None:
+        if request_class.max_concurrent == 0:
+            return None
+        hard_s = request_class.soft_timeout_seconds + self.settings.hard_timeout_grace_s
+        return GateClaim(
+            key=self.keys.gate(request_class.name, user_uid),
+            limit=request_class.max_concurrent,
+            ttl_ms=int((hard_s + _GATE_SAFETY_S) * 1000),
+        )
+
+    def _engine_write(self, state: JobState, defer_s: float) -> EngineWrite:
+        engine_id = self.keys.engine_job_id(state.job_id)
+        defer_ms = max(0, int(defer_s * 1000))
+        job_bytes = serialize_job(
+            state.name, (state.payload,), {}, None, state.created_ms, serializer=wire_dumps
+        )
+        return EngineWrite(
+            queue_key=self.keys.queue,
+            job_key=job_key_prefix + engine_id,
+            engine_job_id=engine_id,
+            job_bytes=job_bytes,
+            score_ms=state.created_ms + defer_ms,
+            ttl_ms=defer_ms + _ENGINE_JOB_TTL_EXTRA_MS,
+        )
+
+    def engine_drop(self, job_id: str) -> tuple[str, str, str]:
+        """(queue key, job key, engine job id): what to delete to take a job out of arq's queue."""
+        engine_id = self.keys.engine_job_id(job_id)
+        return self.keys.queue, job_key_prefix + engine_id, engine_id
+
+    async def engine_views(self, job_ids: Sequence[str]) -> dict[str, EngineView]:
+        """One pipelined look at arq's keys for each job."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                engine_id = self.keys.engine_job_id(job_id)
+                pipe.exists(job_key_prefix + engine_id)
+                pipe.exists(in_progress_key_prefix + engine_id)
+                pipe.get(result_key_prefix + engine_id)
+            replies = await pipe.execute()
+        views = {}
+        for i, job_id in enumerate(job_ids):
+            queued, in_progress, result = replies[3 * i: 3 * i + 3]
+            views[job_id] = EngineView(bool(queued), bool(in_progress), _dropped_reason(result))
+        return views
+
+    # -- worker ----------------------------------------------------------------------------------
+
+    def worker_settings(self, **overrides: Any) -> dict[str, Any]:
+        """Keyword arguments for arq's Worker, usable as `arq module.WorkerSettings` (a dict works)."""
+        jobs = self.registry.jobs()
+        if not jobs:
+            raise ConfigurationError("no Job is registered: call init_jobs() before building a worker")
+        functions = []
+        for name, job_class in sorted(jobs.items()):
+            request_class = job_class.request_class
+            hard_s = request_class.soft_timeout_seconds + self.settings.hard_timeout_grace_s
+            functions.append(func(
+                self._job_entry(name),  # type: ignore[arg-type]
+                name=name,
+                timeout=hard_s,
+                keep_result=0,
+                max_tries=request_class.max_try + _PICKUP_SLACK,
+            ))
+        settings: dict[str, Any] = {
+            "functions": functions,
+            "queue_name": self.keys.queue,
+            "redis_settings": RedisSettings.from_dsn(self.settings.redis_url),
+            "on_startup": self._on_startup,
+            "on_shutdown": self._on_shutdown,
+            "on_job_start": self._on_job_start,
+            "on_job_end": self._on_job_end,
+            "job_serializer": wire_dumps,
+            "job_deserializer": wire_loads,
+            "poll_delay": self.settings.poll_delay_s,
+            "max_jobs": self.settings.worker_max_jobs,
+            "keep_result": _DROPPED_RESULT_KEEP_S,
+        }
+        settings.update(overrides)
+        return settings
+
+    async def run_worker(self, *, burst: bool = False, **overrides: Any) -> None:
+        """Run a worker in the current event loop until stopped (or, with burst, until the queue is empty)."""
+        kwargs = self.worker_settings(**{"burst": burst, "handle_signals": False, **overrides})
+        worker = Worker(**kwargs)
+        try:
+            await worker.main()
+        finally:
+            await worker.close()
+
+    def _runner(self, name: str) -> JobRunner:
+        runner = self._runners.get(name)
+        if runner is None:
+            job_class = self.registry.job(name)
+            if job_class is None:
+                raise AgentError(f"no Job is registered for {name!r}")
+            runner = JobRunner(job_class(self), backoff=self._backoff, context=self._job_context)
+            self._runners[name] = runner
+        return runner
+
+    def _job_entry(self, name: str) -> Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]]:
+        async def run(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
+            decision: StartDecision | None = ctx.get(_CTX_DECISION)
+            if decision is None:
+                # on_job_start could not record STARTED: hand the job back rather than run it untracked.
+                raise Retry(defer=_START_FAILED_RETRY_S)
+            if not decision.run:
+                return
+            job_id = self.keys.job_id_from_engine(ctx["job_id"]) or ctx["job_id"]
+            ctx[_CTX_T0] = time.monotonic()
+            outcome = await self._runner(name).run(
+                payload, job_id=job_id, user_uid=decision.user_uid, attempt=decision.attempts
+            )
+            ctx[_CTX_OUTCOME] = outcome
+            if outcome.status is JobStatus.RETRY:
+                raise Retry(defer=outcome.retry_in_s)
+
+        run.__qualname__ = f"agent_job[{name}]"
+        return run
+
+    # -- arq hooks: they never raise, since a raising hook kills arq's poll loop -----------------
+
+    async def _on_startup(self, ctx: dict[str, Any]) -> None:
+        if self._persistency is None:
+            self._redis = ctx["redis"]
+            self._owns_redis = False
+            self._persistency = self._make_persistency(ctx["redis"])
+        for hook in self._on_worker_startup:
+            await hook(self)
+        from agent_async.recovery import JobRecovery
+
+        recovery = JobRecovery(self)
+        task = asyncio.create_task(recovery.run_forever(self.settings.reconcile_interval_s))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _on_shutdown(self, ctx: dict[str, Any]) -> None:
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        for hook in self._on_worker_shutdown:
+            try:
+                await hook(self)
+            except Exception:
+                logger.exception("worker shutdown hook %r failed", hook)
+
+    async def _on_job_start(self, ctx: dict[str, Any]) -> None:
+        engine_id = ctx.get("job_id", "?")
+        job_id = self.keys.job_id_from_engine(engine_id)
+        try:
+            if job_id is None:
+                ctx[_CTX_DECISION] = StartDecision(run=False, reason="not a job of this namespace")
+            else:
+                ctx[_CTX_DECISION] = await self.persistency.start(job_id)
+        except Exception:
+            logger.exception("job %s: could not record STARTED; it goes back to the queue", engine_id)
+            return
+        decision = ctx[_CTX_DECISION]
+        if not decision.run:
+            logger.warning("job %s not run: %s", engine_id, decision.reason)
+
+    async def _on_job_end(self, ctx: dict[str, Any]) -> None:
+        decision: StartDecision | None = ctx.get(_CTX_DECISION)
+        if decision is None or not decision.run:
+            return
+        job_id = self.keys.job_id_from_engine(ctx["job_id"]) or ctx["job_id"]
+        outcome: Outcome | None = ctx.get(_CTX_OUTCOME)
+        if outcome is None:
+            outcome = self._interrupted_outcome(decision, ctx)
+        for attempt in range(1, _RECORD_TRIES + 1):
+            try:
+                await self.persistency.transition(
+                    job_id, outcome.status, result=outcome.result, error=outcome.error
+                )
+                return
+            except Exception:
+                if attempt == _RECORD_TRIES:
+                    logger.exception("job %s: could not record %s; the reconciler will", job_id, outcome.status)
+                    return
+                await asyncio.sleep(_RECORD_PAUSE_S * attempt)
+
+    def _interrupted_outcome(self, decision: StartDecision, ctx: dict[str, Any]) -> Outcome:
+        """The job function was cancelled by arq: its hard time limit, or a worker shutdown."""
+        request_class = self.registry.request(decision.name)
+        soft_s = request_class.soft_timeout_seconds if request_class else 0.0
+        hard_s = soft_s + self.settings.hard_timeout_grace_s
+        elapsed_s = time.monotonic() - ctx.get(_CTX_T0, time.monotonic())
+        if request_class is not None and elapsed_s >= hard_s * 0.99:
+            return Outcome(JobStatus.FAILURE, error=f"HardTimeLimitExceeded: hard time limit of {hard_s:g}s exceeded")
+        # arq re-queues a job cancelled by shutdown; it will start again as a new attempt.
+        return Outcome(JobStatus.PENDING, error="interrupted by worker shutdown; queued again")
+
+
+def _dropped_reason(raw: bytes | None) -> str | None:
+    if not raw:
+        return None
+    try:
+        result = json.loads(raw).get("r")
+    except (ValueError, AttributeError):
+        return "unreadable engine result"
+    if isinstance(result, dict) and "exc_type" in result:
+        return f"{result['exc_type']}: {result.get('message', '')}".rstrip(": ")
+    return str(result)
+

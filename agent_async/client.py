@@ -1,0 +1,70 @@
+"""ClientAgent: the one facade web code uses to enqueue jobs and read their state."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from agent_async.agent import Agent
+from agent_async.errors import ERROR_JOB_UNKNOWN, RequestException
+from agent_async.request import JobRequest
+from agent_async.state import JobState, JobStatus
+
+if TYPE_CHECKING:
+    from agent_async.storage import ClientStorage
+
+__all__ = ["ClientAgent"]
+
+
+class ClientAgent:
+    """Enqueue, read, list and cancel jobs. The large store is injected (default: the agent's)."""
+
+    def __init__(self, agent: Agent, *, store: ClientStorage | None = None) -> None:
+        self.agent = agent
+        self._store = store
+
+    async def enqueue(self, request: JobRequest, user_uid: str | None = None, *, defer_s: float = 0.0) -> str:
+        """Queue a job and return its id at once.
+
+        Raises RequestException(ERROR_JOB_CONCURRENT_LIMIT) when the request's max_concurrent jobs are
+        already in flight for this user (or globally without a user), RequestException
+        (ERROR_JOB_PAYLOAD_INVALID) when the payload is not JSON, and EnqueueError when Redis fails;
+        in every case nothing was written.
+        """
+        state = await self.agent.create_job(request, user_uid=user_uid, defer_s=defer_s)
+        return state.job_id
+
+    async def enqueue_named(
+        self, name: str, payload: dict[str, Any], user_uid: str | None = None, *, defer_s: float = 0.0
+    ) -> str:
+        """Enqueue by job name and payload dict (for callers that do not import the request class)."""
+        request_class = self.agent.registry.request(name)
+        if request_class is None:
+            raise RequestException(ERROR_JOB_UNKNOWN, f"no job is named {name!r}")
+        return await self.enqueue(request_class.from_payload(payload), user_uid, defer_s=defer_s)
+
+    async def get_state(self, job_id: str) -> JobState | None:
+        return await self.agent.persistency.get(job_id)
+
+    async def list_for_user(self, user_uid: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
+        """The user's jobs, newest first."""
+        return await self.agent.persistency.list_for_user(user_uid, offset=offset, limit=limit)
+
+    async def list_by_schedule(self, schedule_name: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
+        return await self.agent.persistency.list_by_schedule(schedule_name, offset=offset, limit=limit)
+
+    async def cancel(self, job_id: str) -> JobState | None:
+        """Cancel a job that has not started: it never runs, ends CANCELED and frees its slot.
+
+        Idempotent: a terminal job is returned unchanged; None for an unknown id.
+        """
+        await self.agent.persistency.transition(
+            job_id,
+            JobStatus.CANCELED,
+            error="canceled before it started",
+            only_from=(JobStatus.PENDING, JobStatus.RETRY),
+            engine_drop=self.agent.engine_drop(job_id),
+        )
+        return await self.get_state(job_id)
+
+    def get_large_store(self) -> ClientStorage:
+        return self._store if self._store is not None else self.agent.get_large_store()

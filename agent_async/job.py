@@ -1,0 +1,83 @@
+"""Job: the worker side of a JobRequest; `@agent_job` registers it, `init_jobs` discovers modules."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import pkgutil
+from collections.abc import Iterable
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+
+from agent_async.errors import JobDeclarationError
+from agent_async.registry import registry
+from agent_async.request import JobRequest
+
+if TYPE_CHECKING:
+    from agent_async.agent import Agent
+
+__all__ = ["Job", "agent_job", "init_jobs"]
+
+logger = logging.getLogger(__name__)
+
+_JobT = TypeVar("_JobT", bound="type[Job]")
+
+
+class Job:
+    """Runs one kind of request. One instance per worker process, built with the worker's Agent.
+
+    `process` must be idempotent: delivery is at least once (a run interrupted by a crash or a
+    shutdown may run again), so key side effects by something stable such as `job_id`.
+    """
+
+    request_class: ClassVar[type[JobRequest]]
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        """Do the work; return a small JSON-safe dict (or {"large_result": ref, ...})."""
+        raise NotImplementedError
+
+    def public_payload(self, payload: dict[str, Any]) -> dict[str, Any]:
+        """The payload as shown to its owner over the API; override to redact secrets or locators."""
+        return payload
+
+
+def agent_job(cls: _JobT) -> _JobT:
+    """Class decorator: register a Job under its request's name."""
+    request_class = getattr(cls, "request_class", None)
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    if not (isinstance(request_class, type) and issubclass(request_class, JobRequest)):
+        raise JobDeclarationError(f"{where}: request_class must be a JobRequest subclass")
+    if "name" not in request_class.__dict__:
+        raise JobDeclarationError(f"{where}: {request_class.__qualname__} has no name of its own")
+    if "process" not in {k for c in cls.__mro__[:-1] if c is not Job for k in c.__dict__}:
+        raise JobDeclarationError(f"{where}: process() is not implemented")
+    registry.add_job(cls)
+    return cls
+
+
+def init_jobs(packages: Iterable[str] = ("app.module",)) -> list[ModuleType]:
+    """Import every `<package>/<module>/jobs/*.py`, so each `@agent_job` registers itself.
+
+    No central list: a new module with a `jobs/` folder is picked up by the next worker start.
+    An import error propagates (a worker must not start with half its jobs).
+    """
+    imported: list[ModuleType] = []
+    for root_name in packages:
+        root = importlib.import_module(root_name)
+        for module_info in pkgutil.iter_modules(getattr(root, "__path__", [])):
+            if not module_info.ispkg:
+                continue
+            jobs_pkg_name = f"{root_name}.{module_info.name}.jobs"
+            try:
+                jobs_pkg = importlib.import_module(jobs_pkg_name)
+            except ModuleNotFoundError as exc:
+                if exc.name == jobs_pkg_name:
+                    continue
+                raise
+            for job_module in pkgutil.iter_modules(getattr(jobs_pkg, "__path__", [])):
+                imported.append(importlib.import_module(f"{jobs_pkg_name}.{job_module.name}"))
+    logger.info("discovered %d job modules in %s", len(imported), ", ".join(packages))
+    return imported

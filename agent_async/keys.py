@@ -1,0 +1,53 @@
+"""KeySpace: the one place that names every Redis key this layer writes."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["GLOBAL_SCOPE", "KeySpace"]
+
+# Scope of a concurrency slot taken by a job enqueued without a user (a system job).
+GLOBAL_SCOPE = "_global"
+
+
+@dataclass(frozen=True, slots=True)
+class KeySpace:
+    """Key layout under one namespace; two namespaces on one Redis never share a key of ours.
+
+    arq's own per-job keys (`arq:job:<id>`, `arq:in-progress:<id>`, ...) are global; Agent makes
+    them distinct by prefixing the engine job id with the namespace (see `engine_job_id`).
+    """
+
+    namespace: str
+
+    def state(self, job_id: str) -> str:
+        return f"{self.namespace}:state:{job_id}"
+
+    def user_index(self, user_uid: str) -> str:
+        return f"{self.namespace}:idx:user:{user_uid}"
+
+    def schedule_index(self, schedule_name: str) -> str:
+        return f"{self.namespace}:idx:schedule:{schedule_name}"
+
+    @property
+    def active_index(self) -> str:
+        """Non-terminal jobs, scored by the time of their last transition (ms)."""
+        return f"{self.namespace}:idx:active"
+
+    def gate(self, job_name: str, scope: str | None) -> str:
+        return f"{self.namespace}:gate:{job_name}:{scope or GLOBAL_SCOPE}"
+
+    @property
+    def queue(self) -> str:
+        return f"{self.namespace}:queue"
+
+    @property
+    def recovery_lock(self) -> str:
+        return f"{self.namespace}:lock:recovery"
+
+    def engine_job_id(self, job_id: str) -> str:
+        return f"{self.namespace}:{job_id}"
+
+    def job_id_from_engine(self, engine_job_id: str) -> str | None:
+        prefix = f"{self.namespace}:"
+        return engine_job_id[len(prefix):] if engine_job_id.startswith(prefix) else None

@@ -1,0 +1,310 @@
+"""JobPersistency: JobState CRUD in Redis, its indexes, and the atomic lifecycle transitions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from agent_async import codec
+from agent_async.errors import ERROR_JOB_CONCURRENT_LIMIT, EnqueueError, RequestException
+from agent_async.keys import KeySpace
+from agent_async.scripts import Scripts
+from agent_async.state import TERMINAL, JobState, JobStatus, now_ms
+
+__all__ = ["EngineWrite", "GateClaim", "JobPersistency", "StartDecision"]
+
+# Terminal statuses as the Lua scripts see them.
+_TERMINAL_CSV = ",".join(sorted(s.value for s in TERMINAL))
+# Index entries older than the retention are checked (and dropped if their state expired) this
+# many at a time, so indexes stay bounded without a full scan on any single call.
+_PRUNE_BATCH = 10
+
+_LUA_HELPERS = """
+local function is_terminal(status)
+  return string.find(',' .. ARGV_TERMINAL .. ',', ',' .. status .. ',', 1, true) ~= nil
+end
+local function prune(index, state_prefix, cutoff_ms)
+  if index == '' then return end
+  local old = redis.call('ZRANGEBYSCORE', index, '-inf', cutoff_ms, 'LIMIT', 0, PRUNE_BATCH)
+  for _, member in ipairs(old) do
+    if redis.call('EXISTS', state_prefix .. member) == 0 then redis.call('ZREM', index, member) end
+  end
+end
+local function zset_or_none(key)
+  if key == '' then return true end
+  local t = redis.call('TYPE', key)['ok']
+  return t == 'zset' or t == 'none'
+end
+""".replace("PRUNE_BATCH", str(_PRUNE_BATCH))
+
+# KEYS: state, active, user index|'', schedule index|'', gate|'', engine queue, engine job
+# ARGV: job id, now ms, gate limit, gate slot expiry ms, engine job id, engine score, engine job
+#       bytes, engine job ttl ms, state key prefix, index cutoff ms, then hash field/value pairs.
+# Every check comes before the first write: a refused enqueue writes nothing.
+_ENQUEUE = _LUA_HELPERS + """
+local state, active, user_idx, sched_idx, gate, queue, engine_key =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local job_id, now = ARGV[1], tonumber(ARGV[2])
+if redis.call('EXISTS', state) == 1 or redis.call('EXISTS', engine_key) == 1 then return -1 end
+for _, key in ipairs({active, user_idx, sched_idx, gate, queue}) do
+  if not zset_or_none(key) then return -2 end
+end
+local limit = tonumber(ARGV[3])
+if gate ~= '' and limit > 0 then
+  redis.call('ZREMRANGEBYSCORE', gate, '-inf', now)
+  if redis.call('ZCARD', gate) >= limit then return 0 end
+end
+local fields = {}
+for i = 11, #ARGV do fields[#fields + 1] = ARGV[i] end
+redis.call('HSET', state, unpack(fields))
+redis.call('HSET', state, 'updated_ms', now)
+if gate ~= '' and limit > 0 then
+  redis.call('HSET', state, 'gate', gate, 'gate_ttl_ms', tonumber(ARGV[4]) - now)
+end
+redis.call('ZADD', active, now, job_id)
+if user_idx ~= '' then redis.call('ZADD', user_idx, now, job_id) end
+if sched_idx ~= '' then redis.call('ZADD', sched_idx, now, job_id) end
+if gate ~= '' and limit > 0 then
+  redis.call('ZADD', gate, tonumber(ARGV[4]), job_id)
+  if redis.call('PTTL', gate) < tonumber(ARGV[4]) - now then redis.call('PEXPIREAT', gate, tonumber(ARGV[4])) end
+end
+redis.call('PSETEX', engine_key, tonumber(ARGV[8]), ARGV[7])
+redis.call('ZADD', queue, tonumber(ARGV[6]), ARGV[5])
+prune(user_idx, ARGV[9], ARGV[10])
+prune(sched_idx, ARGV[9], ARGV[10])
+return 1
+"""
+
+# KEYS: state, active   ARGV: job id, now ms
+# The gate key and slot TTL were recorded in the state at enqueue, so no caller needs the request.
+# Returns {attempts, user, name} when the job may run, {-1} if no state, {-2, status} if terminal.
+_START = _LUA_HELPERS + """
+local state, active = KEYS[1], KEYS[2]
+local job_id, now = ARGV[1], tonumber(ARGV[2])
+local h = redis.call('HMGET', state, 'status', 'user', 'name', 'gate', 'gate_ttl_ms')
+if not h[1] then return {-1} end
+if is_terminal(h[1]) then return {-2, h[1]} end
+local attempts = redis.call('HINCRBY', state, 'attempts', 1)
+redis.call('HSET', state, 'status', 'STARTED', 'started_ms', now, 'updated_ms', now)
+redis.call('ZADD', active, now, job_id)
+if h[4] then
+  -- The slot's safety-net TTL counts from the start of the run, not from the enqueue.
+  local expiry = now + tonumber(h[5])
+  if redis.call('ZADD', h[4], 'XX', 'CH', expiry, job_id) == 1 and redis.call('PTTL', h[4]) < expiry - now then
+    redis.call('PEXPIREAT', h[4], expiry)
+  end
+end
+return {attempts, h[2] or '', h[3]}
+"""
+
+# KEYS: state, active, engine queue|'', engine job|''
+# ARGV: job id, new status, now ms, retention s, result json|'', error|'', allowed current
+#       statuses csv|'' (any non-terminal), engine job id|''
+# A terminal state is never overwritten. Returns 1 if the transition happened, else 0.
+_TRANSITION = _LUA_HELPERS + """
+local state, active, queue, engine_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+local job_id, new_status, now = ARGV[1], ARGV[2], ARGV[3]
+local h = redis.call('HMGET', state, 'status', 'gate', 'error')
+local current = h[1]
+if not current or is_terminal(current) then return 0 end
+if ARGV[7] ~= '' and not string.find(',' .. ARGV[7] .. ',', ',' .. current .. ',', 1, true) then
+  return 0
+end
+local fields = {'status', new_status, 'updated_ms', now}
+if ARGV[5] ~= '' then fields[#fields + 1] = 'result'; fields[#fields + 1] = ARGV[5] end
+if ARGV[6] ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = ARGV[6] end
+if is_terminal(new_status) then
+  fields[#fields + 1] = 'finished_ms'; fields[#fields + 1] = now
+  redis.call('HSET', state, unpack(fields))
+  redis.call('ZREM', active, job_id)
+  if h[2] then redis.call('ZREM', h[2], job_id) end
+  redis.call('EXPIRE', state, tonumber(ARGV[4]))
+else
+  redis.call('HSET', state, unpack(fields))
+  redis.call('ZADD', active, now, job_id)
+end
+if ARGV[6] == '' and h[3] then redis.call('HDEL', state, 'error') end
+if queue ~= '' then redis.call('ZREM', queue, ARGV[8]) end
+if engine_key ~= '' then redis.call('DEL', engine_key) end
+return 1
+"""
+
+
+def _with_terminal(script: str) -> str:
+    return script.replace("ARGV_TERMINAL", repr(_TERMINAL_CSV).replace("'", '"'))
+
+
+@dataclass(frozen=True, slots=True)
+class GateClaim:
+    """A concurrency slot to take atomically with the enqueue."""
+
+    key: str
+    limit: int
+    ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineWrite:
+    """What the queue engine needs written, opaque to this module (Agent builds it)."""
+
+    queue_key: str
+    job_key: str
+    engine_job_id: str
+    job_bytes: bytes
+    score_ms: int
+    ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class StartDecision:
+    run: bool
+    attempts: int = 0
+    user_uid: str | None = None
+    name: str = ""
+    reason: str = ""
+
+
+class JobPersistency:
+    """Reads and writes JobState; every multi-key change is one Lua script, so it is all-or-nothing."""
+
+    def __init__(self, redis: Redis, *, keys: KeySpace, retention_s: int) -> None:
+        self.redis = redis
+        self.keys = keys
+        self.retention_s = retention_s
+        self._scripts = Scripts(redis)
+        self._enqueue = self._scripts.register(_with_terminal(_ENQUEUE))
+        self._start = self._scripts.register(_with_terminal(_START))
+        self._transition = self._scripts.register(_with_terminal(_TRANSITION))
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def create(self, state: JobState, *, gate: GateClaim | None, engine: EngineWrite) -> None:
+        """Persist a PENDING state, take the gate slot and queue the engine job, all or nothing.
+
+        Raises RequestException(ERROR_JOB_CONCURRENT_LIMIT) when the gate is full, EnqueueError when
+        Redis refuses (nothing is written in either case).
+        """
+        k = self.keys
+        now = state.created_ms
+        flat: list[str | bytes | int] = []
+        for field_name, value in state.to_redis().items():
+            flat += [field_name, value]
+        args: list[str | bytes | int] = [
+            state.job_id, now,
+            gate.limit if gate else 0, now + gate.ttl_ms if gate else 0,
+            engine.engine_job_id, engine.score_ms, engine.job_bytes, engine.ttl_ms,
+            k.state(""), now - self.retention_s * 1000,
+            *flat,
+        ]
+        keys = [
+            k.state(state.job_id), k.active_index,
+            k.user_index(state.user_uid) if state.user_uid else "",
+            k.schedule_index(state.schedule_name) if state.schedule_name else "",
+            gate.key if gate else "",
+            engine.queue_key, engine.job_key,
+        ]
+        try:
+            outcome = await self._scripts.call(self._enqueue, keys, args)
+        except RedisError as exc:
+            raise EnqueueError(f"could not enqueue {state.name}: {exc}") from exc
+        if outcome == 0:
+            scope = state.user_uid or "the system"
+            raise RequestException(
+                ERROR_JOB_CONCURRENT_LIMIT,
+                f"{state.name}: {gate.limit if gate else 0} job(s) already in flight for {scope}",
+            )
+        if outcome == -1:
+            raise EnqueueError(f"job id {state.job_id} already exists")
+        if outcome == -2:
+            raise EnqueueError(f"a key under namespace {self.keys.namespace!r} has the wrong type")
+
+    async def start(self, job_id: str) -> StartDecision:
+        """PENDING/RETRY -> STARTED, attempts + 1; refuses to start a terminal or unknown job."""
+        reply = await self._scripts.call(
+            self._start, [self.keys.state(job_id), self.keys.active_index], [job_id, now_ms()]
+        )
+        code = int(reply[0])
+        if code == -1:
+            return StartDecision(run=False, reason="no state")
+        if code == -2:
+            return StartDecision(run=False, reason=f"already {reply[1].decode()}")
+        return StartDecision(
+            run=True, attempts=code, user_uid=reply[1].decode() or None, name=reply[2].decode()
+        )
+
+    async def transition(
+        self,
+        job_id: str,
+        status: JobStatus,
+        *,
+        result: dict[str, object] | None = None,
+        error: str | None = None,
+        only_from: Iterable[JobStatus] = (),
+        engine_drop: tuple[str, str, str] | None = None,
+    ) -> bool:
+        """Move a non-terminal state to `status`; terminal moves release the slot and set the TTL.
+
+        `engine_drop` = (queue key, engine job key, engine job id) also removes the queued engine
+        job in the same step. Returns False when the state is missing, terminal or not in
+        `only_from`.
+        """
+        queue, engine_key, engine_id = engine_drop or ("", "", "")
+        done = await self._scripts.call(
+            self._transition,
+            [self.keys.state(job_id), self.keys.active_index, queue, engine_key],
+            [
+                job_id, status.value, now_ms(), self.retention_s,
+                "" if result is None else codec.dumps(result), error or "",
+                ",".join(s.value for s in only_from), engine_id,
+            ],
+        )
+        return bool(done)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def get(self, job_id: str) -> JobState | None:
+        raw = await self.redis.hgetall(self.keys.state(job_id))  # type: ignore[misc]
+        return JobState.from_redis(raw) if raw else None
+
+    async def get_many(self, job_ids: Sequence[str]) -> list[JobState | None]:
+        if not job_ids:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for job_id in job_ids:
+                pipe.hgetall(self.keys.state(job_id))
+            raws = await pipe.execute()
+        return [JobState.from_redis(raw) if raw else None for raw in raws]
+
+    async def list_for_user(self, user_uid: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
+        """The user's jobs, newest first."""
+        return await self._list(self.keys.user_index(user_uid), offset, limit)
+
+    async def count_for_user(self, user_uid: str) -> int:
+        return int(await self.redis.zcard(self.keys.user_index(user_uid)))
+
+    async def list_by_schedule(self, schedule_name: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
+        return await self._list(self.keys.schedule_index(schedule_name), offset, limit)
+
+    async def active_job_ids(self, *, idle_for_ms: int = 0) -> list[str]:
+        """Non-terminal jobs whose last transition is at least `idle_for_ms` old, oldest first."""
+        cutoff = now_ms() - idle_for_ms
+        ids = await self.redis.zrangebyscore(self.keys.active_index, "-inf", cutoff)
+        return [i.decode() for i in ids]
+
+    async def slots_held(self, gate_key: str) -> int:
+        """Live (unexpired) concurrency slots under one gate key."""
+        await self.redis.zremrangebyscore(gate_key, "-inf", now_ms())
+        return int(await self.redis.zcard(gate_key))
+
+    async def _list(self, index: str, offset: int, limit: int) -> list[JobState]:
+        ids = [i.decode() for i in await self.redis.zrevrange(index, offset, offset + limit - 1)]
+        states = await self.get_many(ids)
+        gone = [job_id for job_id, s in zip(ids, states, strict=True) if s is None]
+        if gone:
+            # Their state expired after the retention: the index entry is dead weight.
+            await self.redis.zrem(index, *gone)
+        return [s for s in states if s is not None]
+

@@ -1,0 +1,129 @@
+"""JobRequest: the DTO that names a job, carries its payload and declares how it runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, ClassVar, Self
+
+from croniter import croniter
+
+from agent_async import codec
+from agent_async.errors import ERROR_JOB_PAYLOAD_INVALID, JobDeclarationError, RequestException
+from agent_async.registry import registry
+
+__all__ = ["JobRequest"]
+
+_JSON_SCALARS: frozenset[Any] = frozenset({str, int, float, bool, type(None), Any, object})
+_JSON_CONTAINERS: frozenset[Any] = frozenset({list, dict})
+
+
+@dataclasses.dataclass
+class JobRequest:
+    """Base of every job request. Subclass it as a dataclass and set `name`.
+
+    ClassVars are the execution metadata (single source of truth: the Job never repeats them);
+    instance fields are the payload and must be JSON types. A class that does not set `name`
+    itself is an abstract base and is not registered.
+    """
+
+    name: ClassVar[str]
+    soft_timeout_seconds: ClassVar[float] = 300
+    max_try: ClassVar[int] = 1
+    # After a worker crash: re-run (True) or fail the job (False).
+    resume: ClassVar[bool] = False
+    # Jobs of this name in flight per user (or globally without a user): 0 = unbounded.
+    max_concurrent: ClassVar[int] = 0
+    retry_for: ClassVar[tuple[type[BaseException], ...]] = ()
+    cron: ClassVar[str | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "name" not in cls.__dict__:
+            return
+        _check_metadata(cls)
+        _check_field_types(cls)
+        registry.add_request(cls)
+
+    def payload(self) -> dict[str, Any]:
+        """The JSON-safe dict sent through the broker; RequestException if a value is not JSON."""
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        try:
+            codec.check_json_safe(data)
+        except ValueError as exc:
+            raise RequestException(ERROR_JOB_PAYLOAD_INVALID, f"{type(self).__name__}: {exc}") from None
+        return data
+
+    @classmethod
+    def from_payload(cls, payload: dict[str, Any]) -> Self:
+        """Rebuild a request from `payload()`; unknown keys are refused, missing ones defaulted."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(payload) - names)
+        if unknown:
+            raise RequestException(
+                ERROR_JOB_PAYLOAD_INVALID, f"{cls.__name__}: unknown payload fields {unknown}"
+            )
+        try:
+            return cls(**payload)
+        except TypeError as exc:
+            raise RequestException(ERROR_JOB_PAYLOAD_INVALID, f"{cls.__name__}: {exc}") from None
+
+
+def _check_metadata(cls: type[JobRequest]) -> None:
+    problems = []
+    if not isinstance(cls.name, str) or not cls.name or any(c.isspace() for c in cls.name):
+        problems.append(f"name must be a non-empty string without spaces, got {cls.name!r}")
+    if not isinstance(cls.max_try, int) or cls.max_try < 1:
+        problems.append(f"max_try must be an int >= 1, got {cls.max_try!r}")
+    if not isinstance(cls.max_concurrent, int) or cls.max_concurrent < 0:
+        problems.append(f"max_concurrent must be an int >= 0, got {cls.max_concurrent!r}")
+    if not isinstance(cls.soft_timeout_seconds, (int, float)) or cls.soft_timeout_seconds <= 0:
+        problems.append(f"soft_timeout_seconds must be > 0, got {cls.soft_timeout_seconds!r}")
+    resume: object = cls.resume  # declared bool; a subclass may assign anything
+    if not isinstance(resume, bool):
+        problems.append(f"resume must be a bool, got {resume!r}")
+    if not isinstance(cls.retry_for, tuple) or not all(
+        isinstance(t, type) and issubclass(t, BaseException) for t in cls.retry_for
+    ):
+        problems.append(f"retry_for must be a tuple of exception classes, got {cls.retry_for!r}")
+    if cls.cron is not None and not _is_five_field_cron(cls.cron):
+        problems.append(f"cron {cls.cron!r} is not a valid 5-field cron expression")
+    if problems:
+        raise JobDeclarationError(f"{cls.__module__}.{cls.__qualname__}: " + "; ".join(problems))
+
+
+def _is_five_field_cron(expr: object) -> bool:
+    return isinstance(expr, str) and len(expr.split()) == 5 and bool(croniter.is_valid(expr))
+
+
+def _check_field_types(cls: type[JobRequest]) -> None:
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    try:
+        hints = typing.get_type_hints(cls)
+    except (NameError, TypeError) as exc:
+        raise JobDeclarationError(f"{where}: cannot resolve field types ({exc})") from None
+    for field_name, hint in hints.items():
+        if typing.get_origin(hint) is ClassVar or field_name in JobRequest.__annotations__:
+            continue
+        if not _is_json_type(hint):
+            raise JobDeclarationError(
+                f"{where}: payload field {field_name!r} has type {hint!r}, which cannot be JSON "
+                "(use str, int, float, bool, None, list or dict of those)"
+            )
+
+
+def _is_json_type(hint: Any) -> bool:
+    if hint in _JSON_SCALARS or hint in _JSON_CONTAINERS:
+        return True
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return all(_is_json_type(a) for a in args)
+    if origin is list:
+        return all(_is_json_type(a) for a in args)
+    if origin is dict:
+        return len(args) == 2 and args[0] is str and _is_json_type(args[1])
+    if origin is typing.Literal:
+        return all(isinstance(a, (str, int, float, bool, type(None))) for a in args)
+    return False

@@ -1,0 +1,248 @@
+"""Throughput and latency of agent_async against bare arq, same Redis, same arq settings.
+
+Usage: python benchmarks/throughput.py [--jobs N] [--redis-url URL]
+
+Both sides: one worker process, JSON serializer, poll_delay/max_jobs from AgentSettings defaults,
+keep_result=0, arq logging at WARNING. The backlog of N no-op jobs is queued first, then a worker
+drains it in burst mode; jobs/s = N / drain time measured inside the worker process. The last
+line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from arq.connections import ArqRedis, RedisSettings, create_pool
+from arq.worker import Worker, func
+from redis.asyncio import Redis
+
+from agent_async import Agent, AgentSettings, ClientAgent, Job, JobRequest, agent_job
+from agent_async.agent import wire_dumps, wire_loads
+
+BASE = AgentSettings()
+ARQ_SETTINGS: dict[str, Any] = {
+    "poll_delay": BASE.poll_delay_s,
+    "max_jobs": BASE.worker_max_jobs,
+    "keep_result": 0,
+    "job_serializer": wire_dumps,
+    "job_deserializer": wire_loads,
+    "handle_signals": False,
+}
+SIGNAL_LIST = "bench:started"
+
+
+@dataclass
+class Noop(JobRequest):
+    name: ClassVar[str] = "bench.noop"
+
+
+@dataclass
+class NoopGated(JobRequest):
+    name: ClassVar[str] = "bench.noop_gated"
+    max_concurrent: ClassVar[int] = 1_000_000
+
+
+@dataclass
+class Ping(JobRequest):
+    name: ClassVar[str] = "bench.ping"
+
+
+@agent_job
+class NoopJob(Job):
+    request_class = Noop
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        return {}
+
+
+@agent_job
+class PingJob(Job):
+    request_class = Ping
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        await self.agent.redis.rpush(SIGNAL_LIST + ":" + self.agent.keys.namespace, repr(time.time()))
+        return {}
+
+
+async def bare_noop(ctx: dict[str, Any]) -> None:
+    return None
+
+
+async def bare_ping(ctx: dict[str, Any]) -> None:
+    await ctx["redis"].rpush(SIGNAL_LIST + ":" + ctx["bench_ns"], repr(time.time()))
+
+
+# -- worker side (run in a subprocess) -------------------------------------------------------------
+
+async def worker_main(kind: str, namespace: str, redis_url: str, burst: bool) -> None:
+    logging.basicConfig(level=logging.WARNING)
+    if kind == "arq":
+        worker = Worker(
+            functions=[func(bare_noop, name="noop"), func(bare_ping, name="ping")],
+            queue_name=f"{namespace}:queue",
+            redis_settings=RedisSettings.from_dsn(redis_url),
+            burst=burst,
+            ctx={"bench_ns": namespace},
+            **ARQ_SETTINGS,
+        )
+        t0 = time.perf_counter()
+        await worker.main()
+        elapsed = time.perf_counter() - t0
+        await worker.close()
+    else:
+        agent = Agent(AgentSettings(redis_url=redis_url, namespace=namespace))
+        t0 = time.perf_counter()
+        await agent.run_worker(burst=burst)  # poll_delay and max_jobs: the same defaults as above
+        elapsed = time.perf_counter() - t0
+    print(json.dumps({"elapsed_s": elapsed}))
+
+
+def spawn_worker(kind: str, namespace: str, redis_url: str, burst: bool) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, __file__, "--worker", kind, "--namespace", namespace, "--redis-url", redis_url]
+        + (["--burst"] if burst else []),
+        stdout=subprocess.PIPE, text=True,
+    )
+
+
+# -- driver ----------------------------------------------------------------------------------------
+
+async def commands_processed(redis: Redis) -> int:
+    info = await redis.info("stats")
+    return int(info["total_commands_processed"])
+
+
+async def drain(kind: str, namespace: str, redis_url: str, redis: Redis) -> tuple[float, float]:
+    before = await commands_processed(redis)
+    proc = spawn_worker(kind, namespace, redis_url, burst=True)
+    out, _ = proc.communicate(timeout=300)
+    elapsed = json.loads(out.strip().splitlines()[-1])["elapsed_s"]
+    return elapsed, await commands_processed(redis) - before
+
+
+async def bare_arq(n: int, redis_url: str, redis: Redis) -> dict[str, float]:
+    ns = f"bench-arq-{uuid.uuid4().hex[:8]}"
+    pool: ArqRedis = await create_pool(
+        RedisSettings.from_dsn(redis_url), job_serializer=wire_dumps, job_deserializer=wire_loads,
+        default_queue_name=f"{ns}:queue",
+    )
+    before = await commands_processed(redis)
+    for start in range(0, n, 200):
+        await asyncio.gather(*(pool.enqueue_job("noop") for _ in range(start, min(n, start + 200))))
+    enqueue_cmds = await commands_processed(redis) - before
+    elapsed, run_cmds = await drain("arq", ns, redis_url, redis)
+    start_lat = await start_latency(
+        "arq", ns, redis_url, redis, lambda: pool.enqueue_job("ping"), samples=100
+    )
+    await pool.aclose()
+    return {"jobs_per_s": n / elapsed, "enqueue_cmds_per_job": enqueue_cmds / n,
+            "run_cmds_per_job": run_cmds / n, **start_lat}
+
+
+async def agent_side(n: int, redis_url: str, redis: Redis) -> dict[str, float]:
+    ns = f"bench-agent-{uuid.uuid4().hex[:8]}"
+    async with Agent(AgentSettings(redis_url=redis_url, namespace=ns)) as agent:
+        client = ClientAgent(agent)
+        before = await commands_processed(redis)
+        for start in range(0, n, 200):
+            await asyncio.gather(*(client.enqueue(Noop(), "bench") for _ in range(start, min(n, start + 200))))
+        enqueue_cmds = await commands_processed(redis) - before
+        elapsed, run_cmds = await drain("agent", ns, redis_url, redis)
+        states = await agent.persistency.list_for_user("bench", limit=n)
+        succeeded = sum(1 for s in states if s.status == "SUCCESS")
+        # Enqueue latency, gate on: one call at a time.
+        samples = []
+        for _ in range(500):
+            t0 = time.perf_counter()
+            await client.enqueue(NoopGated(), "bench-latency")
+            samples.append((time.perf_counter() - t0) * 1000)
+        start_lat = await start_latency("agent", ns, redis_url, redis, lambda: client.enqueue(Ping()), samples=100)
+    return {
+        "jobs_per_s": n / elapsed, "succeeded": succeeded,
+        "enqueue_cmds_per_job": enqueue_cmds / n, "run_cmds_per_job": run_cmds / n,
+        "enqueue_p50_ms": percentile(samples, 50), "enqueue_p99_ms": percentile(samples, 99),
+        **start_lat,
+    }
+
+
+async def start_latency(
+    kind: str, ns: str, redis_url: str, redis: Redis, enqueue: Any, samples: int
+) -> dict[str, float]:
+    """From the enqueue call until the job body runs, on an idle worker, one job at a time."""
+    proc = spawn_worker(kind, ns, redis_url, burst=False)
+    signal_list = f"{SIGNAL_LIST}:{ns}"
+    try:
+        await enqueue()  # warm-up: the worker is up once this one has run
+        await redis.blpop([signal_list], timeout=30)
+        latencies = []
+        for _ in range(samples):
+            await asyncio.sleep(0.02)  # let the worker go idle between samples
+            t0 = time.time()
+            await enqueue()
+            reply = await redis.blpop([signal_list], timeout=10)
+            if reply is None:
+                raise RuntimeError(f"{kind}: a job did not start within 10 s")
+            latencies.append((float(reply[1]) - t0) * 1000)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+    return {"start_latency_p50_ms": percentile(latencies, 50), "start_latency_p99_ms": percentile(latencies, 99)}
+
+
+def percentile(values: list[float], pct: int) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[pct - 1] if pct < 100 else max(values)
+
+
+async def main(args: argparse.Namespace) -> None:
+    redis = Redis.from_url(args.redis_url)
+    arq_figures = await bare_arq(args.jobs, args.redis_url, redis)
+    print(f"bare arq:    {arq_figures['jobs_per_s']:8.0f} jobs/s  "
+          f"start p50 {arq_figures['start_latency_p50_ms']:.2f} ms  "
+          f"{arq_figures['enqueue_cmds_per_job']:.1f} enqueue + {arq_figures['run_cmds_per_job']:.1f} run cmds/job")
+    agent_figures = await agent_side(args.jobs, args.redis_url, redis)
+    print(f"agent_async: {agent_figures['jobs_per_s']:8.0f} jobs/s  "
+          f"start p50 {agent_figures['start_latency_p50_ms']:.2f} ms  "
+          f"{agent_figures['enqueue_cmds_per_job']:.1f} enqueue + "
+          f"{agent_figures['run_cmds_per_job']:.1f} run cmds/job  "
+          f"({agent_figures['succeeded']}/{args.jobs} SUCCESS)")
+    await redis.aclose()
+    r2 = lambda v: round(v, 2)  # noqa: E731
+    print(json.dumps({
+        "jobs": args.jobs,
+        "arq_jobs_per_s": round(arq_figures["jobs_per_s"]),
+        "agent_jobs_per_s": round(agent_figures["jobs_per_s"]),
+        "ratio": round(agent_figures["jobs_per_s"] / arq_figures["jobs_per_s"], 3),
+        "enqueue_p50_ms": r2(agent_figures["enqueue_p50_ms"]),
+        "enqueue_p99_ms": r2(agent_figures["enqueue_p99_ms"]),
+        "start_latency_p50_ms": r2(agent_figures["start_latency_p50_ms"]),
+        "start_latency_p99_ms": r2(agent_figures["start_latency_p99_ms"]),
+        "arq_start_latency_p50_ms": r2(arq_figures["start_latency_p50_ms"]),
+        "arq_cmds_per_job": r2(arq_figures["enqueue_cmds_per_job"] + arq_figures["run_cmds_per_job"]),
+        "agent_cmds_per_job": r2(agent_figures["enqueue_cmds_per_job"] + agent_figures["run_cmds_per_job"]),
+        "poll_delay_s": BASE.poll_delay_s,
+    }))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--redis-url", default=os.environ.get("AGENT_REDIS_URL", "redis://127.0.0.1:6379/0"))
+    parser.add_argument("--worker", choices=["arq", "agent"])
+    parser.add_argument("--namespace")
+    parser.add_argument("--burst", action="store_true")
+    cli_args = parser.parse_args()
+    if cli_args.worker:
+        asyncio.run(worker_main(cli_args.worker, cli_args.namespace, cli_args.redis_url, cli_args.burst))
+    else:
+        asyncio.run(main(cli_args))

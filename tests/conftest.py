@@ -1,0 +1,72 @@
+"""Shared fixtures: real Redis, one namespace per test, an Agent and a ClientAgent on it."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from redis.asyncio import Redis
+
+from agent_async import Agent, AgentSettings, ClientAgent, registry
+from agent_async.registry import JobRegistry
+
+REDIS_URL = os.environ.get("AGENT_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def settings(namespace: str) -> AgentSettings:
+    return AgentSettings(
+        redis_url=REDIS_URL,
+        namespace=namespace,
+        retry_backoff_base_s=0.01,
+        retry_backoff_max_s=0.05,
+        hard_timeout_grace_s=0.5,
+        reconcile_interval_s=0.2,
+    )
+
+
+@pytest.fixture
+async def redis(namespace: str) -> AsyncIterator[Redis]:
+    client = Redis.from_url(REDIS_URL)
+    try:
+        await client.ping()
+    except Exception as exc:  # pragma: no cover - environment problem, not a test result
+        pytest.fail(f"Redis is not reachable at {REDIS_URL}: {exc}")
+    yield client
+    # Everything this test wrote: our namespace and arq's per-job keys of our engine job ids.
+    for pattern in (f"{namespace}:*", f"arq:*:{namespace}:*"):
+        keys = [k async for k in client.scan_iter(match=pattern, count=1000)]
+        if keys:
+            await client.delete(*keys)
+    await client.zremrangebylex("arq:abort", f"[{namespace}:", f"[{namespace}:\xff")
+    await client.aclose()
+
+
+@pytest.fixture
+def job_registry() -> Iterator[JobRegistry]:
+    """Jobs declared inside a test are forgotten after it."""
+    with registry.scoped() as scoped:
+        yield scoped
+
+
+@pytest.fixture
+async def agent(settings: AgentSettings, redis: Redis, job_registry: JobRegistry) -> AsyncIterator[Agent]:
+    async with Agent(settings) as opened:
+        yield opened
+
+
+@pytest.fixture
+def client(agent: Agent) -> ClientAgent:
+    return ClientAgent(agent)
+
+
+async def drain(agent: Agent) -> None:
+    """Run a worker until the queue is empty (arq burst mode): deterministic, no sleeps."""
+    await agent.run_worker(burst=True, poll_delay=0)

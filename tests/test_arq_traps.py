@@ -1,0 +1,162 @@
+"""arq behaviours this layer absorbs: raising hooks, hook-less drops, pickup-counted tries, pickle."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+from agent_async import Agent, ClientAgent, JobStatus
+from agent_async.recovery import JobRecovery
+from tests.conftest import drain
+from tests.jobs import Echo, Flaky, Gated, NoWorker, runs_key
+
+
+async def runs(redis: Redis, agent: Agent, job_id: str) -> int:
+    return int(await redis.hget(runs_key(agent.keys.namespace), job_id) or 0)
+
+
+async def test_failing_start_hook_neither_kills_the_worker_nor_runs_untracked(
+    agent: Agent, client: ClientAgent, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If recording STARTED fails, the hook swallows it and the job goes back to the queue, then
+    runs exactly once when Redis answers again; the worker keeps serving the other jobs."""
+    failing_id = await client.enqueue(Echo(text="a"))
+    other_id = await client.enqueue(Echo(text="b"))
+    original = agent.persistency.start
+    failures = {"left": 1}
+
+    async def flaky_start(job_id: str):  # type: ignore[no-untyped-def]
+        if job_id == failing_id and failures["left"]:
+            failures["left"] -= 1
+            raise ConnectionError("redis hiccup")
+        return await original(job_id)
+
+    monkeypatch.setattr(agent.persistency, "start", flaky_start)
+    await drain(agent)
+    for job_id in (failing_id, other_id):
+        state = await client.get_state(job_id)
+        assert state is not None and state.status is JobStatus.SUCCESS
+        assert await runs(redis, agent, job_id) == 1
+        assert state.attempts == 1
+
+
+async def test_failing_end_hook_does_not_run_the_job_twice(
+    agent: Agent, client: ClientAgent, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transient failure recording the outcome is retried inside the hook; the job ran once."""
+    job_id = await client.enqueue(Echo(text="x"))
+    original = agent.persistency.transition
+    failures = {"left": 2}
+
+    async def flaky_transition(*args, **kwargs):  # type: ignore[no-untyped-def]
+        if failures["left"]:
+            failures["left"] -= 1
+            raise ConnectionError("redis hiccup")
+        return await original(*args, **kwargs)
+
+    monkeypatch.setattr(agent.persistency, "transition", flaky_transition)
+    await drain(agent)
+    state = await client.get_state(job_id)
+    assert state is not None and state.status is JobStatus.SUCCESS
+    assert await runs(redis, agent, job_id) == 1
+
+
+async def test_end_hook_that_never_succeeds_leaves_state_for_the_reconciler(
+    agent: Agent, client: ClientAgent, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis refusing every outcome write: the worker survives, the job ran once, and the state is
+    ended by the reconciler instead of staying STARTED forever."""
+    job_id = await client.enqueue(Gated(), "u")
+    original = agent.persistency.transition
+
+    async def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+        raise ConnectionError("redis down")
+
+    monkeypatch.setattr(agent.persistency, "transition", broken)
+    await drain(agent)
+    assert await runs(redis, agent, job_id) == 1
+    assert (await client.get_state(job_id)).status is JobStatus.STARTED  # type: ignore[union-attr]
+    monkeypatch.setattr(agent.persistency, "transition", original)
+    assert await JobRecovery(agent).reconcile_dropped(idle_for_ms=0) == 1
+    state = await client.get_state(job_id)
+    assert state is not None and state.status is JobStatus.FAILURE
+    assert await agent.persistency.slots_held(agent.keys.gate(Gated.name, "u")) == 0
+
+
+async def _dropped(agent: Agent, client: ClientAgent, job_id: str) -> str:
+    await drain(agent)
+    assert (await client.get_state(job_id)).status is JobStatus.PENDING  # type: ignore[union-attr]
+    assert await JobRecovery(agent).reconcile_dropped(idle_for_ms=0) == 1
+    state = await client.get_state(job_id)
+    assert state is not None and state.status is JobStatus.FAILURE and state.error is not None
+    assert await agent.persistency.active_job_ids() == []
+    return state.error
+
+
+async def test_unknown_function_ends_failure(agent: Agent, client: ClientAgent) -> None:
+    """arq drops a job whose function the worker lacks without any hook: it still ends FAILURE."""
+    job_id = await client.enqueue(NoWorker(), "u")
+    error = await _dropped(agent, client, job_id)
+    assert "function 'tests.no_worker' not found" in error
+
+
+async def test_max_tries_exceeded_ends_failure(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+    """arq's own try limit (pickups) dropping a job without a hook still ends its state."""
+    job_id = await client.enqueue(Echo())
+    await redis.set(f"arq:retry:{agent.keys.engine_job_id(job_id)}", 100)
+    error = await _dropped(agent, client, job_id)
+    assert "retries exceeded" in error
+
+
+async def test_expired_job_key_ends_failure(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+    job_id = await client.enqueue(Echo())
+    await redis.delete(f"arq:job:{agent.keys.engine_job_id(job_id)}")
+    error = await _dropped(agent, client, job_id)
+    assert "job expired" in error
+
+
+async def test_payload_that_does_not_deserialize_ends_failure(
+    agent: Agent, client: ClientAgent, redis: Redis, tmp_path: Path
+) -> None:
+    """A pickle planted in the job key is never unpickled (it would create a file): the job fails."""
+    marker = tmp_path / "pwned"
+
+    class Exploit:
+        def __reduce__(self):  # type: ignore[no-untyped-def]
+            return (Path.touch, (marker,))
+
+    job_id = await client.enqueue(Echo())
+    await redis.set(f"arq:job:{agent.keys.engine_job_id(job_id)}", pickle.dumps(Exploit()))
+    error = await _dropped(agent, client, job_id)
+    assert "deserialize" in error
+    assert not marker.exists()
+
+
+async def test_worker_sweeps_dropped_jobs_on_its_own(agent: Agent, client: ClientAgent) -> None:
+    """The running worker's background reconciler ends a dropped job without any test help."""
+    job_id = await client.enqueue(NoWorker(), "u")
+    worker = asyncio.create_task(agent.run_worker(poll_delay=0.01))
+    try:
+        for _ in range(200):  # up to 10 s
+            if (await client.get_state(job_id)).status is not JobStatus.PENDING:  # type: ignore[union-attr]
+                break
+            await asyncio.sleep(0.05)
+    finally:
+        worker.cancel()
+        await asyncio.gather(worker, return_exceptions=True)
+    assert (await client.get_state(job_id)).status is JobStatus.FAILURE  # type: ignore[union-attr]
+
+
+async def test_attempts_count_runs_not_pickups(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+    """arq's job_try already at 3 (earlier pickups) does not eat into max_try: 3 real attempts."""
+    job_id = await client.enqueue(Flaky(fail_times=10))
+    await redis.set(f"arq:retry:{agent.keys.engine_job_id(job_id)}", 3)
+    await drain(agent)
+    state = await client.get_state(job_id)
+    assert state is not None and state.status is JobStatus.FAILURE
+    assert state.attempts == 3
+    assert await runs(redis, agent, job_id) == 3

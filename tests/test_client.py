@@ -1,0 +1,135 @@
+"""ClientAgent: atomic enqueue, clear errors for bad requests, cancel before start."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import pytest
+from redis.asyncio import Redis
+
+from agent_async import (
+    ERROR_JOB_PAYLOAD_INVALID,
+    ERROR_JOB_UNKNOWN,
+    Agent,
+    AgentSettings,
+    ClientAgent,
+    EnqueueError,
+    JobRequest,
+    JobStatus,
+    RequestException,
+)
+from tests.conftest import drain
+from tests.jobs import Echo, Gated, runs_key
+
+
+async def namespace_keys(redis: Redis, agent: Agent) -> list[bytes]:
+    return sorted([k async for k in redis.scan_iter(match=f"{agent.keys.namespace}:*")])
+
+
+async def test_enqueue_that_fails_in_redis_writes_nothing(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+    """Inject a failure at the engine step (queue key of the wrong type): no state, no slot, no index."""
+    await redis.set(agent.keys.queue, "not a sorted set")
+    with pytest.raises(EnqueueError, match="wrong type"):
+        await client.enqueue(Gated(), "u")
+    assert await namespace_keys(redis, agent) == [agent.keys.queue.encode()]
+    await redis.delete(agent.keys.queue)
+    # Nothing held: the same user can enqueue at once.
+    job_id = await client.enqueue(Gated(), "u")
+    assert (await client.get_state(job_id)).status is JobStatus.PENDING  # type: ignore[union-attr]
+
+
+async def test_enqueue_with_redis_unreachable_raises_enqueue_error(settings: AgentSettings) -> None:
+    """A Redis that cannot be reached gives EnqueueError (the API turns it into 503)."""
+    unreachable = AgentSettings(redis_url="redis://127.0.0.1:1/0", namespace=settings.namespace)
+    async with Agent(unreachable) as agent:
+        with pytest.raises(EnqueueError):
+            await ClientAgent(agent).enqueue(Echo())
+
+
+async def test_duplicate_job_id_is_refused(agent: Agent) -> None:
+    state = await agent.create_job(Echo(text="one"), job_id="fixed-id")
+    with pytest.raises(EnqueueError, match="already exists"):
+        await agent.create_job(Echo(text="two"), job_id=state.job_id)
+    stored = await agent.persistency.get("fixed-id")
+    assert stored is not None and stored.payload["text"] == "one"
+
+
+async def test_unknown_job_name_is_a_clear_error(client: ClientAgent) -> None:
+    with pytest.raises(RequestException) as caught:
+        await client.enqueue_named("no.such.job", {})
+    assert caught.value.code == ERROR_JOB_UNKNOWN
+    assert "no.such.job" in caught.value.message
+
+
+async def test_enqueue_named_rebuilds_the_request(agent: Agent, client: ClientAgent) -> None:
+    job_id = await client.enqueue_named("tests.echo", {"text": "by name", "numbers": [4]}, "u")
+    await drain(agent)
+    state = await client.get_state(job_id)
+    assert state is not None and state.result == {"echo": "by name", "sum": 4, "user": "u"}
+
+
+async def test_enqueue_named_with_unknown_field_is_refused(client: ClientAgent, agent: Agent, redis: Redis) -> None:
+    with pytest.raises(RequestException) as caught:
+        await client.enqueue_named("tests.echo", {"text": "x", "evil": 1})
+    assert caught.value.code == ERROR_JOB_PAYLOAD_INVALID
+    assert "evil" in caught.value.message
+    assert await namespace_keys(redis, agent) == []
+
+
+@dataclass
+class Loose(JobRequest):
+    name: ClassVar[str] = "tests.loose"
+    value: Any = None
+
+
+async def test_payload_value_that_is_not_json_is_refused_before_any_write(
+    client: ClientAgent, agent: Agent, redis: Redis
+) -> None:
+    for bad in (object(), float("nan"), {1: "int key"}, (1, 2), b"bytes"):
+        with pytest.raises(RequestException) as caught:
+            await client.enqueue(Loose(value=bad))
+        assert caught.value.code == ERROR_JOB_PAYLOAD_INVALID
+        assert "Loose" in caught.value.message
+    assert await namespace_keys(redis, agent) == []
+
+
+async def test_cancel_queued_job_never_runs(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+    """Cancel before start: CANCELED, out of arq's queue, never run, even by a later worker."""
+    job_id = await client.enqueue(Echo(text="never"), "u")
+    state = await client.cancel(job_id)
+    assert state is not None and state.status is JobStatus.CANCELED
+    assert await redis.zcard(agent.keys.queue) == 0
+    await drain(agent)
+    assert await redis.hget(runs_key(agent.keys.namespace), job_id) is None
+    assert (await client.get_state(job_id)).status is JobStatus.CANCELED  # type: ignore[union-attr]
+
+
+async def test_cancel_is_idempotent_and_leaves_terminal_jobs_alone(agent: Agent, client: ClientAgent) -> None:
+    done = await client.enqueue(Echo(text="done"))
+    await drain(agent)
+    before = await client.get_state(done)
+    after = await client.cancel(done)
+    assert before is not None and after is not None
+    assert after.status is JobStatus.SUCCESS and after.to_dict() == before.to_dict()
+    canceled = await client.enqueue(Echo())
+    first = await client.cancel(canceled)
+    second = await client.cancel(canceled)
+    assert first is not None and second is not None
+    assert first.to_dict() == second.to_dict()
+    assert await client.cancel("no-such-id") is None
+
+
+async def test_cancel_of_a_claimed_job_is_honoured_at_start(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+    """A cancel that lands after arq claimed the job but before it started: the job is skipped."""
+    job_id = await client.enqueue(Echo(text="late"))
+    original_start = agent.persistency.start
+
+    async def cancel_then_start(jid: str):  # type: ignore[no-untyped-def]
+        await client.cancel(jid)
+        return await original_start(jid)
+
+    agent.persistency.start = cancel_then_start  # type: ignore[method-assign]
+    await drain(agent)
+    assert await redis.hget(runs_key(agent.keys.namespace), job_id) is None
+    assert (await client.get_state(job_id)).status is JobStatus.CANCELED  # type: ignore[union-attr]

@@ -1,0 +1,95 @@
+"""JobPersistency: indexes stay consistent and bounded; terminal states expire."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from redis.asyncio import Redis
+
+from agent_async import Agent, AgentSettings, ClientAgent, JobStatus
+from tests.conftest import drain
+from tests.jobs import Boom, Echo, Flaky
+
+
+async def test_indexes_are_consistent_after_many_jobs(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+    """300 jobs of 3 users, mixed outcomes: every user's list holds exactly their jobs, newest
+    first; the active index is empty once all are terminal."""
+    rng = random.Random(7)
+    expected: dict[str | None, list[str]] = {"ann": [], "ben": [], "cat": [], None: []}
+    booms: dict[str | None, int] = dict.fromkeys(expected, 0)
+    for i in range(300):
+        user = rng.choice(list(expected))
+        request = rng.choice([Echo(text=str(i)), Boom(), Flaky(fail_times=1)])
+        if isinstance(request, Boom):
+            # Boom is gated at 2 in flight per user: stay under it.
+            booms[user] += 1
+            request = request if booms[user] <= Boom.max_concurrent else Echo(text="not gated")
+        expected[user].append(await client.enqueue(request, user))
+        await asyncio.sleep(0) if i % 50 else await asyncio.sleep(0.002)
+    assert len(await agent.persistency.active_job_ids()) == 300
+
+    await drain(agent)
+
+    assert await agent.persistency.active_job_ids() == []
+    for user, ids in expected.items():
+        if user is None:
+            continue
+        listed = await client.list_for_user(user, limit=500)
+        assert [s.job_id for s in listed] == [s.job_id for s in sorted(listed, key=lambda s: -s.created_ms)]
+        assert {s.job_id for s in listed} == set(ids)
+        assert all(s.is_terminal and s.user_uid == user for s in listed)
+        assert await agent.persistency.count_for_user(user) == len(ids)
+    # System jobs are in no user index.
+    assert not await redis.exists(agent.keys.user_index(""))
+
+
+async def test_pagination_newest_first(agent: Agent, client: ClientAgent) -> None:
+    ids = []
+    for i in range(5):
+        ids.append(await client.enqueue(Echo(text=str(i)), "pager"))
+        await asyncio.sleep(0.002)
+    page1 = await client.list_for_user("pager", offset=0, limit=2)
+    page2 = await client.list_for_user("pager", offset=2, limit=2)
+    page3 = await client.list_for_user("pager", offset=4, limit=2)
+    assert [s.job_id for s in page1 + page2 + page3] == list(reversed(ids))
+
+
+async def test_terminal_states_expire_after_retention(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+    job_id = await client.enqueue(Echo())
+    pending_ttl = await redis.ttl(agent.keys.state(job_id))
+    await drain(agent)
+    done_ttl = await redis.ttl(agent.keys.state(job_id))
+    assert pending_ttl == -1, "a live job never expires"
+    assert 0 < done_ttl <= agent.settings.state_retention_s
+
+
+async def test_indexes_are_pruned_once_states_expire(settings: AgentSettings, redis: Redis) -> None:
+    """With a 1 s retention, index entries of expired states are dropped by later enqueues and reads."""
+    short = AgentSettings(**{**{f: getattr(settings, f) for f in settings.ENV}, "state_retention_s": 1})
+    async with Agent(short) as agent:
+        client = ClientAgent(agent)
+        for _ in range(4):
+            await client.enqueue(Echo(), "old")
+        await drain(agent)
+        assert await redis.zcard(agent.keys.user_index("old")) == 4
+        await asyncio.sleep(2.1)
+        survivor = await client.enqueue(Echo(), "old")
+        assert await redis.zrange(agent.keys.user_index("old"), 0, -1) == [survivor.encode()]
+        # The read path drops dead entries too (e.g. a user who never enqueues again).
+        await redis.zadd(agent.keys.user_index("old"), {"ghost": 1})
+        assert [s.job_id for s in await client.list_for_user("old")] == [survivor]
+        assert await redis.zrange(agent.keys.user_index("old"), 0, -1) == [survivor.encode()]
+
+
+async def test_state_round_trips_through_dict(agent: Agent, client: ClientAgent) -> None:
+    job_id = await client.enqueue(Echo(text="é", numbers=[1]), "u")
+    await drain(agent)
+    state = await client.get_state(job_id)
+    assert state is not None
+    from agent_async import JobState
+
+    again = JobState.from_dict(state.to_dict())
+    assert again == state
+    assert state.to_dict()["status"] == JobStatus.SUCCESS.value
+    assert state.to_dict()["finished_at"].endswith("+00:00")
