@@ -11,6 +11,7 @@ __all__ = [
     "ConfigurationError",
     "EnqueueError",
     "JobDeclarationError",
+    "QueueUnavailableError",
     "RequestException",
     "SoftTimeLimitExceeded",
     "StorageError",
@@ -49,7 +50,14 @@ class RequestException(AgentError):
 
 
 class EnqueueError(AgentError):
-    """Redis refused or failed the atomic enqueue; nothing was written (no state, no slot, no job)."""
+    """Redis refused the atomic enqueue (duplicate id, corrupted keys); nothing was written."""
+
+
+class QueueUnavailableError(AgentError, ConnectionError):
+    """Redis cannot be reached (connection refused, timeout); the HTTP layer answers 503.
+
+    Raised by enqueue (nothing was written) and by state reads.
+    """
 
 
 class SoftTimeLimitExceeded(AgentError):

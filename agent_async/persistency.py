@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, TimeoutError
 
 from agent_async import codec
-from agent_async.errors import ERROR_JOB_CONCURRENT_LIMIT, EnqueueError, RequestException
+from agent_async.errors import ERROR_JOB_CONCURRENT_LIMIT, EnqueueError, QueueUnavailableError, RequestException
 from agent_async.keys import KeySpace
 from agent_async.scripts import Scripts
 from agent_async.state import TERMINAL, JobState, JobStatus, now_ms
@@ -167,6 +169,15 @@ class StartDecision:
     reason: str = ""
 
 
+@contextmanager
+def _reachable(what: str) -> Iterator[None]:
+    """Turn "Redis is down" into the library's QueueUnavailableError (the API's 503)."""
+    try:
+        yield
+    except (RedisConnectionError, TimeoutError) as exc:
+        raise QueueUnavailableError(f"could not {what}: Redis is unreachable ({exc})") from exc
+
+
 class JobPersistency:
     """Reads and writes JobState; every multi-key change is one Lua script, so it is all-or-nothing."""
 
@@ -208,6 +219,8 @@ class JobPersistency:
         ]
         try:
             outcome = await self._scripts.call(self._enqueue, keys, args)
+        except (RedisConnectionError, TimeoutError) as exc:
+            raise QueueUnavailableError(f"could not enqueue {state.name}: Redis is unreachable ({exc})") from exc
         except RedisError as exc:
             raise EnqueueError(f"could not enqueue {state.name}: {exc}") from exc
         if outcome == 0:
@@ -252,30 +265,33 @@ class JobPersistency:
         `only_from`.
         """
         queue, engine_key, engine_id = engine_drop or ("", "", "")
-        done = await self._scripts.call(
-            self._transition,
-            [self.keys.state(job_id), self.keys.active_index, queue, engine_key],
-            [
-                job_id, status.value, now_ms(), self.retention_s,
-                "" if result is None else codec.dumps(result), error or "",
-                ",".join(s.value for s in only_from), engine_id,
-            ],
-        )
+        with _reachable(f"update job {job_id}"):
+            done = await self._scripts.call(
+                self._transition,
+                [self.keys.state(job_id), self.keys.active_index, queue, engine_key],
+                [
+                    job_id, status.value, now_ms(), self.retention_s,
+                    "" if result is None else codec.dumps(result), error or "",
+                    ",".join(s.value for s in only_from), engine_id,
+                ],
+            )
         return bool(done)
 
     # -- reads -------------------------------------------------------------------------------
 
     async def get(self, job_id: str) -> JobState | None:
-        raw = await self.redis.hgetall(self.keys.state(job_id))  # type: ignore[misc]
+        with _reachable(f"read job {job_id}"):
+            raw = await self.redis.hgetall(self.keys.state(job_id))  # type: ignore[misc]
         return JobState.from_redis(raw) if raw else None
 
     async def get_many(self, job_ids: Sequence[str]) -> list[JobState | None]:
         if not job_ids:
             return []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for job_id in job_ids:
-                pipe.hgetall(self.keys.state(job_id))
-            raws = await pipe.execute()
+        with _reachable("read jobs"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.hgetall(self.keys.state(job_id))
+                raws = await pipe.execute()
         return [JobState.from_redis(raw) if raw else None for raw in raws]
 
     async def list_for_user(self, user_uid: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
@@ -283,7 +299,8 @@ class JobPersistency:
         return await self._list(self.keys.user_index(user_uid), offset, limit)
 
     async def count_for_user(self, user_uid: str) -> int:
-        return int(await self.redis.zcard(self.keys.user_index(user_uid)))
+        with _reachable("count jobs"):
+            return int(await self.redis.zcard(self.keys.user_index(user_uid)))
 
     async def list_by_schedule(self, schedule_name: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
         return await self._list(self.keys.schedule_index(schedule_name), offset, limit)
@@ -300,7 +317,8 @@ class JobPersistency:
         return int(await self.redis.zcard(gate_key))
 
     async def _list(self, index: str, offset: int, limit: int) -> list[JobState]:
-        ids = [i.decode() for i in await self.redis.zrevrange(index, offset, offset + limit - 1)]
+        with _reachable("list jobs"):
+            ids = [i.decode() for i in await self.redis.zrevrange(index, offset, offset + limit - 1)]
         states = await self.get_many(ids)
         gone = [job_id for job_id, s in zip(ids, states, strict=True) if s is None]
         if gone:

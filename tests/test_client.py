@@ -17,6 +17,7 @@ from agent_async import (
     EnqueueError,
     JobRequest,
     JobStatus,
+    QueueUnavailableError,
     RequestException,
 )
 from tests.conftest import drain
@@ -40,11 +41,13 @@ async def test_enqueue_that_fails_in_redis_writes_nothing(agent: Agent, client: 
 
 
 async def test_enqueue_with_redis_unreachable_raises_enqueue_error(settings: AgentSettings) -> None:
-    """A Redis that cannot be reached gives EnqueueError (the API turns it into 503)."""
+    """A Redis that cannot be reached gives QueueUnavailableError (the API turns it into 503)."""
     unreachable = AgentSettings(redis_url="redis://127.0.0.1:1/0", namespace=settings.namespace)
     async with Agent(unreachable) as agent:
-        with pytest.raises(EnqueueError):
+        with pytest.raises(QueueUnavailableError, match="Redis is unreachable"):
             await ClientAgent(agent).enqueue(Echo())
+        with pytest.raises(QueueUnavailableError):
+            await ClientAgent(agent).get_state("any")
 
 
 async def test_duplicate_job_id_is_refused(agent: Agent) -> None:
