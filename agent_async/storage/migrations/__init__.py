@@ -1,0 +1,1 @@
+"""Alembic environment of the blob store (a package so installs ship it)."""
