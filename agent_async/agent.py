@@ -8,21 +8,26 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-from arq.connections import RedisSettings
+from arq.connections import ArqRedis, RedisSettings
 from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_prefix
 from arq.jobs import serialize_job
 from arq.worker import Retry, Worker, func
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import NoScriptError, RedisError
 
 from agent_async.errors import AgentError, ConfigurationError
 from agent_async.keys import KeySpace
 from agent_async.persistency import EngineWrite, GateClaim, JobPersistency, StartDecision
+from agent_async.recovery import dropped_outcome
 from agent_async.registry import JobRegistry, registry
 from agent_async.request import JobRequest
 from agent_async.runner import Backoff, JobContextFactory, JobRunner, Outcome
+from agent_async.scripts import ScriptCall
 from agent_async.settings import AgentSettings
 from agent_async.state import JobState, JobStatus
 
@@ -53,6 +58,11 @@ _RECORD_PAUSE_S = 0.2
 _CTX_DECISION = "agent_async.decision"
 _CTX_OUTCOME = "agent_async.outcome"
 _CTX_T0 = "agent_async.t0"
+# Set in the worker ctx by _AgentWorker: outcomes are committed inside arq's finish transaction.
+_CTX_COMMIT_IN_FINISH = "agent_async.commit_in_finish"
+
+# The script to prepend to arq's finish transaction, set only while that finish runs.
+_FINISH_SCRIPT: ContextVar[ScriptCall | None] = ContextVar("agent_async_finish_script", default=None)
 
 WorkerHook = Callable[["Agent"], Awaitable[None]]
 
@@ -113,6 +123,8 @@ class Agent:
         self._runners: dict[str, JobRunner] = {}
         self._backoff = Backoff(settings.retry_backoff_base_s, settings.retry_backoff_max_s)
         self._background: set[asyncio.Task[None]] = set()
+        # Outcomes waiting for arq's finish transaction, by engine job id (see _AgentWorker).
+        self._commits: dict[str, ScriptCall] = {}
         if redis is not None:
             self._persistency = self._make_persistency(redis)
 
@@ -270,7 +282,7 @@ class Agent:
     async def run_worker(self, *, burst: bool = False, **overrides: Any) -> None:
         """Run a worker in the current event loop until stopped (or, with burst, until the queue is empty)."""
         kwargs = self.worker_settings(**{"burst": burst, "handle_signals": False, **overrides})
-        worker = Worker(**kwargs)
+        worker = _AgentWorker(agent=self, **kwargs)
         try:
             await worker.main()
         finally:
@@ -313,6 +325,7 @@ class Agent:
             self._redis = ctx["redis"]
             self._owns_redis = False
             self._persistency = self._make_persistency(ctx["redis"])
+        await self.persistency.load_scripts()
         for hook in self._on_worker_startup:
             await hook(self)
         from agent_async.recovery import JobRecovery
@@ -355,6 +368,15 @@ class Agent:
         outcome: Outcome | None = ctx.get(_CTX_OUTCOME)
         if outcome is None:
             outcome = self._interrupted_outcome(decision, ctx)
+        if ctx.get(_CTX_COMMIT_IN_FINISH):
+            self._commits[ctx["job_id"]] = self.persistency.transition_call(
+                job_id, outcome.status, result=outcome.result, error=outcome.error
+            )
+            return
+        await self.record_outcome(job_id, outcome)
+
+    async def record_outcome(self, job_id: str, outcome: Outcome) -> None:
+        """Write an outcome on its own, retrying a few times; the reconciler covers a final failure."""
         for attempt in range(1, _RECORD_TRIES + 1):
             try:
                 await self.persistency.transition(
@@ -367,6 +389,13 @@ class Agent:
                     return
                 await asyncio.sleep(_RECORD_PAUSE_S * attempt)
 
+    def _dropped_call(self, engine_id: str, result_data: bytes | None) -> ScriptCall | None:
+        job_id = self.keys.job_id_from_engine(engine_id)
+        if job_id is None:
+            return None
+        status, error = dropped_outcome(_dropped_reason(result_data))
+        return self.persistency.transition_call(job_id, status, error=error)
+
     def _interrupted_outcome(self, decision: StartDecision, ctx: dict[str, Any]) -> Outcome:
         """The job function was cancelled by arq: its hard time limit, or a worker shutdown."""
         request_class = self.registry.request(decision.name)
@@ -374,9 +403,79 @@ class Agent:
         hard_s = soft_s + self.settings.hard_timeout_grace_s
         elapsed_s = time.monotonic() - ctx.get(_CTX_T0, time.monotonic())
         if request_class is not None and elapsed_s >= hard_s * 0.99:
-            return Outcome(JobStatus.FAILURE, error=f"HardTimeLimitExceeded: hard time limit of {hard_s:g}s exceeded")
+            return Outcome(
+                JobStatus.FAILURE, error=f"HardTimeLimitExceeded: hard time limit of {hard_s:g}s exceeded"
+            )
         # arq re-queues a job cancelled by shutdown; it will start again as a new attempt.
         return Outcome(JobStatus.PENDING, error="interrupted by worker shutdown; queued again")
+
+
+class _PoolWithScript:
+    """arq's pool, except that each transactional pipeline starts with one of our scripts."""
+
+    def __init__(self, pool: ArqRedis, call: ScriptCall) -> None:
+        self._pool = pool
+        self._call = call
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
+        pipe = self._pool.pipeline(transaction=transaction, shard_hint=shard_hint)
+        self._call.queue_on(pipe)
+        return pipe
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+
+class _AgentWorker(Worker):
+    """arq's Worker, committing each job's outcome in the same MULTI/EXEC as arq's own bookkeeping.
+
+    One round trip less per job than writing the outcome from a hook, and no window in which arq
+    has forgotten a job whose state is not yet terminal. Jobs that arq drops before running them
+    (no hook is called) are ended in that same transaction too. Under `arq`'s own CLI the plain
+    Worker is used: the hooks then write outcomes themselves and the reconciler ends dropped jobs.
+    """
+
+    def __init__(self, *, agent: Agent, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._agent = agent
+        self.ctx[_CTX_COMMIT_IN_FINISH] = True
+
+    @property
+    def pool(self) -> ArqRedis:
+        base = cast(ArqRedis, self._pool)
+        call = _FINISH_SCRIPT.get()
+        return cast(ArqRedis, _PoolWithScript(base, call)) if call is not None else base
+
+    async def finish_job(self, job_id: str, *args: Any) -> None:
+        call = self._agent._commits.pop(job_id, None)
+        await self._finish_with(call, lambda: super(_AgentWorker, self).finish_job(job_id, *args))
+
+    async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
+        call = self._agent._dropped_call(job_id, result_data)
+        await self._finish_with(call, lambda: super(_AgentWorker, self).finish_failed_job(job_id, result_data))
+
+    async def _finish_with(self, call: ScriptCall | None, finish: Callable[[], Awaitable[None]]) -> None:
+        token = _FINISH_SCRIPT.set(call)
+        try:
+            await finish()
+        except NoScriptError:
+            # Redis lost our scripts (restart, SCRIPT FLUSH) while arq's part of EXEC went
+            # through: write the outcome on its own, which loads the script again.
+            await self._write_alone(call)
+        except RedisError:
+            # arq would let this escape and end the worker loop; log it and keep serving. What
+            # was not written is found by the reconciler (state) or redelivered (arq's job).
+            logger.exception("finishing a job failed; the reconciler will settle its state")
+        finally:
+            _FINISH_SCRIPT.reset(token)
+
+    async def _write_alone(self, call: ScriptCall | None) -> None:
+        if call is None:
+            return
+        try:
+            await self._agent.persistency.run(call)
+        except RedisError:
+            logger.exception("recording an outcome failed; the reconciler will settle its state")
 
 
 def _dropped_reason(raw: bytes | None) -> str | None:

@@ -13,7 +13,7 @@ from redis.exceptions import RedisError, TimeoutError
 from agent_async import codec
 from agent_async.errors import ERROR_JOB_CONCURRENT_LIMIT, EnqueueError, QueueUnavailableError, RequestException
 from agent_async.keys import KeySpace
-from agent_async.scripts import Scripts
+from agent_async.scripts import LuaScript, ScriptCall, load_scripts, run_script
 from agent_async.state import TERMINAL, JobState, JobStatus, now_ms
 
 __all__ = ["EngineWrite", "GateClaim", "JobPersistency", "StartDecision"]
@@ -185,10 +185,13 @@ class JobPersistency:
         self.redis = redis
         self.keys = keys
         self.retention_s = retention_s
-        self._scripts = Scripts(redis)
-        self._enqueue = self._scripts.register(_with_terminal(_ENQUEUE))
-        self._start = self._scripts.register(_with_terminal(_START))
-        self._transition = self._scripts.register(_with_terminal(_TRANSITION))
+        self._enqueue = LuaScript(_with_terminal(_ENQUEUE))
+        self._start = LuaScript(_with_terminal(_START))
+        self._transition = LuaScript(_with_terminal(_TRANSITION))
+
+    async def load_scripts(self) -> None:
+        """Make the scripts known to Redis (needed before they are queued inside another MULTI)."""
+        await load_scripts(self.redis, (self._enqueue, self._start, self._transition))
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -218,7 +221,7 @@ class JobPersistency:
             engine.queue_key, engine.job_key,
         ]
         try:
-            outcome = await self._scripts.call(self._enqueue, keys, args)
+            outcome = await run_script(self.redis, self._enqueue(keys, args))
         except (RedisConnectionError, TimeoutError) as exc:
             raise QueueUnavailableError(f"could not enqueue {state.name}: Redis is unreachable ({exc})") from exc
         except RedisError as exc:
@@ -236,8 +239,8 @@ class JobPersistency:
 
     async def start(self, job_id: str) -> StartDecision:
         """PENDING/RETRY -> STARTED, attempts + 1; refuses to start a terminal or unknown job."""
-        reply = await self._scripts.call(
-            self._start, [self.keys.state(job_id), self.keys.active_index], [job_id, now_ms()]
+        reply = await run_script(
+            self.redis, self._start([self.keys.state(job_id), self.keys.active_index], [job_id, now_ms()])
         )
         code = int(reply[0])
         if code == -1:
@@ -264,18 +267,36 @@ class JobPersistency:
         job in the same step. Returns False when the state is missing, terminal or not in
         `only_from`.
         """
-        queue, engine_key, engine_id = engine_drop or ("", "", "")
+        call = self.transition_call(
+            job_id, status, result=result, error=error, only_from=only_from, engine_drop=engine_drop
+        )
         with _reachable(f"update job {job_id}"):
-            done = await self._scripts.call(
-                self._transition,
-                [self.keys.state(job_id), self.keys.active_index, queue, engine_key],
-                [
-                    job_id, status.value, now_ms(), self.retention_s,
-                    "" if result is None else codec.dumps(result), error or "",
-                    ",".join(s.value for s in only_from), engine_id,
-                ],
-            )
-        return bool(done)
+            return bool(await run_script(self.redis, call))
+
+    async def run(self, call: ScriptCall) -> object:
+        """Send a call built earlier (see `transition_call`) on its own."""
+        return await run_script(self.redis, call)
+
+    def transition_call(
+        self,
+        job_id: str,
+        status: JobStatus,
+        *,
+        result: dict[str, object] | None = None,
+        error: str | None = None,
+        only_from: Iterable[JobStatus] = (),
+        engine_drop: tuple[str, str, str] | None = None,
+    ) -> ScriptCall:
+        """The same transition, built to be sent later (e.g. inside arq's own finish transaction)."""
+        queue, engine_key, engine_id = engine_drop or ("", "", "")
+        return self._transition(
+            [self.keys.state(job_id), self.keys.active_index, queue, engine_key],
+            [
+                job_id, status.value, now_ms(), self.retention_s,
+                "" if result is None else codec.dumps(result), error or "",
+                ",".join(s.value for s in only_from), engine_id,
+            ],
+        )
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -310,6 +331,14 @@ class JobPersistency:
         cutoff = now_ms() - idle_for_ms
         ids = await self.redis.zrangebyscore(self.keys.active_index, "-inf", cutoff)
         return [i.decode() for i in ids]
+
+    async def forget_inactive(self, job_ids: Sequence[str]) -> int:
+        """Drop active-index entries whose state is terminal or gone (left by a failed script)."""
+        states = await self.get_many(job_ids)
+        stale = [j for j, s in zip(job_ids, states, strict=True) if s is None or s.is_terminal]
+        if stale:
+            await self.redis.zrem(self.keys.active_index, *stale)
+        return len(stale)
 
     async def slots_held(self, gate_key: str) -> int:
         """Live (unexpired) concurrency slots under one gate key."""

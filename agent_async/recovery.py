@@ -11,7 +11,7 @@ from agent_async.state import JobStatus
 if TYPE_CHECKING:
     from agent_async.agent import Agent
 
-__all__ = ["JobRecovery"]
+__all__ = ["JobRecovery", "dropped_outcome"]
 
 logger = logging.getLogger(__name__)
 
@@ -20,6 +20,13 @@ _BATCH = 500
 # A state must have been still for this long before it is judged: covers the few milliseconds
 # between arq claiming a job and on_job_start recording it.
 _IDLE_GRACE_MS = 1000
+
+
+def dropped_outcome(reason: str | None) -> tuple[JobStatus, str]:
+    """The final status and error of a job the engine dropped, from the engine's stated reason."""
+    reason = reason or "its queued job disappeared (expired or deleted)"
+    status = JobStatus.CANCELED if reason.startswith("CancelledError") else JobStatus.FAILURE
+    return status, f"dropped by the queue engine: {reason}"
 
 
 class JobRecovery:
@@ -40,14 +47,14 @@ class JobRecovery:
         ended = 0
         for start in range(0, len(job_ids), _BATCH):
             batch = job_ids[start:start + _BATCH]
+            await persistency.forget_inactive(batch)
             views = await self.agent.engine_views(batch)
             for job_id, view in views.items():
                 if view.queued or view.in_progress:
                     continue
-                reason = view.dropped_reason or "its queued job disappeared (expired or deleted)"
-                status = JobStatus.CANCELED if reason.startswith("CancelledError") else JobStatus.FAILURE
-                if await persistency.transition(job_id, status, error=f"dropped by the queue engine: {reason}"):
-                    logger.warning("job %s ended %s: dropped by the queue engine (%s)", job_id, status, reason)
+                status, error = dropped_outcome(view.dropped_reason)
+                if await persistency.transition(job_id, status, error=error):
+                    logger.warning("job %s ended %s: %s", job_id, status, error)
                     ended += 1
         return ended
 

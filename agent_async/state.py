@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,7 +28,7 @@ ACTIVE: frozenset[JobStatus] = frozenset(JobStatus) - TERMINAL
 
 
 def now_ms() -> int:
-    return int(datetime.now(UTC).timestamp() * 1000)
+    return time.time_ns() // 1_000_000
 
 
 def _iso(ms: int | None) -> str | None:

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 import pytest
+from arq.worker import Worker
 from redis.asyncio import Redis
 
 from agent_async import Agent, AgentSettings, ClientAgent, registry
@@ -67,6 +68,27 @@ def client(agent: Agent) -> ClientAgent:
     return ClientAgent(agent)
 
 
-async def drain(agent: Agent) -> None:
-    """Run a worker until the queue is empty (arq burst mode): deterministic, no sleeps."""
-    await agent.run_worker(burst=True, poll_delay=0)
+Drain = Callable[[], Awaitable[None]]
+
+
+@pytest.fixture(params=["agent_worker", "arq_cli_worker"])
+def drain(request: pytest.FixtureRequest, agent: Agent) -> Drain:
+    """Run a worker until the queue is empty (arq burst mode): deterministic, no sleeps.
+
+    Each test using it runs twice: with Agent.run_worker (outcomes committed inside arq's finish
+    transaction) and with the plain arq Worker that `arq app.worker.WorkerSettings` builds
+    (outcomes written by the hooks).
+    """
+
+    return lambda: run_burst(agent, request.param)
+
+
+async def run_burst(agent: Agent, kind: str = "agent_worker") -> None:
+    if kind == "agent_worker":
+        await agent.run_worker(burst=True, poll_delay=0)
+        return
+    worker = Worker(**agent.worker_settings(burst=True, poll_delay=0, handle_signals=False))
+    try:
+        await worker.main()
+    finally:
+        await worker.close()

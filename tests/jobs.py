@@ -164,3 +164,20 @@ class NoWorker(JobRequest):
 
     name: ClassVar[str] = "tests.no_worker"
     max_concurrent: ClassVar[int] = 1
+
+
+@dataclass
+class Amnesia(JobRequest):
+    """Makes Redis forget every Lua script mid-run, as a Redis restart would."""
+
+    name: ClassVar[str] = "tests.amnesia"
+
+
+@agent_job
+class AmnesiaJob(Job):
+    request_class = Amnesia
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        await record_run(self, job_id)
+        await self.agent.redis.script_flush()
+        return {"remembered": True}

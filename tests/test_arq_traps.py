@@ -11,8 +11,8 @@ from redis.asyncio import Redis
 
 from agent_async import Agent, ClientAgent, JobStatus
 from agent_async.recovery import JobRecovery
-from tests.conftest import drain
-from tests.jobs import Echo, Flaky, Gated, NoWorker, runs_key
+from tests.conftest import Drain, run_burst
+from tests.jobs import Amnesia, Echo, Flaky, Gated, NoWorker, runs_key
 
 
 async def runs(redis: Redis, agent: Agent, job_id: str) -> int:
@@ -20,7 +20,7 @@ async def runs(redis: Redis, agent: Agent, job_id: str) -> int:
 
 
 async def test_failing_start_hook_neither_kills_the_worker_nor_runs_untracked(
-    agent: Agent, client: ClientAgent, redis: Redis, monkeypatch: pytest.MonkeyPatch
+    drain: Drain, agent: Agent, client: ClientAgent, redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """If recording STARTED fails, the hook swallows it and the job goes back to the queue, then
     runs exactly once when Redis answers again; the worker keeps serving the other jobs."""
@@ -36,7 +36,7 @@ async def test_failing_start_hook_neither_kills_the_worker_nor_runs_untracked(
         return await original(job_id)
 
     monkeypatch.setattr(agent.persistency, "start", flaky_start)
-    await drain(agent)
+    await drain()
     for job_id in (failing_id, other_id):
         state = await client.get_state(job_id)
         assert state is not None and state.status is JobStatus.SUCCESS
@@ -59,7 +59,7 @@ async def test_failing_end_hook_does_not_run_the_job_twice(
         return await original(*args, **kwargs)
 
     monkeypatch.setattr(agent.persistency, "transition", flaky_transition)
-    await drain(agent)
+    await run_burst(agent, "arq_cli_worker")
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.SUCCESS
     assert await runs(redis, agent, job_id) == 1
@@ -77,7 +77,7 @@ async def test_end_hook_that_never_succeeds_leaves_state_for_the_reconciler(
         raise ConnectionError("redis down")
 
     monkeypatch.setattr(agent.persistency, "transition", broken)
-    await drain(agent)
+    await run_burst(agent, "arq_cli_worker")
     assert await runs(redis, agent, job_id) == 1
     assert (await client.get_state(job_id)).status is JobStatus.STARTED  # type: ignore[union-attr]
     monkeypatch.setattr(agent.persistency, "transition", original)
@@ -87,40 +87,45 @@ async def test_end_hook_that_never_succeeds_leaves_state_for_the_reconciler(
     assert await agent.persistency.slots_held(agent.keys.gate(Gated.name, "u")) == 0
 
 
-async def _dropped(agent: Agent, client: ClientAgent, job_id: str) -> str:
-    await drain(agent)
-    assert (await client.get_state(job_id)).status is JobStatus.PENDING  # type: ignore[union-attr]
-    assert await JobRecovery(agent).reconcile_dropped(idle_for_ms=0) == 1
+async def _dropped(drain: Drain, agent: Agent, client: ClientAgent, job_id: str) -> str:
+    """Drain, then let the reconciler look: the job must end FAILURE whichever worker ran.
+
+    The agent worker ends it in arq's own finish transaction; under the plain arq worker no hook
+    runs and the reconciler ends it.
+    """
+    await drain()
+    await JobRecovery(agent).reconcile_dropped(idle_for_ms=0)
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE and state.error is not None
+    assert state.attempts == 0, "the job never ran"
     assert await agent.persistency.active_job_ids() == []
     return state.error
 
 
-async def test_unknown_function_ends_failure(agent: Agent, client: ClientAgent) -> None:
+async def test_unknown_function_ends_failure(drain: Drain, agent: Agent, client: ClientAgent) -> None:
     """arq drops a job whose function the worker lacks without any hook: it still ends FAILURE."""
     job_id = await client.enqueue(NoWorker(), "u")
-    error = await _dropped(agent, client, job_id)
+    error = await _dropped(drain, agent, client, job_id)
     assert "function 'tests.no_worker' not found" in error
 
 
-async def test_max_tries_exceeded_ends_failure(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+async def test_max_tries_exceeded_ends_failure(drain: Drain, agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """arq's own try limit (pickups) dropping a job without a hook still ends its state."""
     job_id = await client.enqueue(Echo())
     await redis.set(f"arq:retry:{agent.keys.engine_job_id(job_id)}", 100)
-    error = await _dropped(agent, client, job_id)
+    error = await _dropped(drain, agent, client, job_id)
     assert "retries exceeded" in error
 
 
-async def test_expired_job_key_ends_failure(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+async def test_expired_job_key_ends_failure(drain: Drain, agent: Agent, client: ClientAgent, redis: Redis) -> None:
     job_id = await client.enqueue(Echo())
     await redis.delete(f"arq:job:{agent.keys.engine_job_id(job_id)}")
-    error = await _dropped(agent, client, job_id)
+    error = await _dropped(drain, agent, client, job_id)
     assert "job expired" in error
 
 
 async def test_payload_that_does_not_deserialize_ends_failure(
-    agent: Agent, client: ClientAgent, redis: Redis, tmp_path: Path
+    drain: Drain, agent: Agent, client: ClientAgent, redis: Redis, tmp_path: Path
 ) -> None:
     """A pickle planted in the job key is never unpickled (it would create a file): the job fails."""
     marker = tmp_path / "pwned"
@@ -131,7 +136,7 @@ async def test_payload_that_does_not_deserialize_ends_failure(
 
     job_id = await client.enqueue(Echo())
     await redis.set(f"arq:job:{agent.keys.engine_job_id(job_id)}", pickle.dumps(Exploit()))
-    error = await _dropped(agent, client, job_id)
+    error = await _dropped(drain, agent, client, job_id)
     assert "deserialize" in error
     assert not marker.exists()
 
@@ -151,12 +156,65 @@ async def test_worker_sweeps_dropped_jobs_on_its_own(agent: Agent, client: Clien
     assert (await client.get_state(job_id)).status is JobStatus.FAILURE  # type: ignore[union-attr]
 
 
-async def test_attempts_count_runs_not_pickups(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+async def test_attempts_count_runs_not_pickups(drain: Drain, agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """arq's job_try already at 3 (earlier pickups) does not eat into max_try: 3 real attempts."""
     job_id = await client.enqueue(Flaky(fail_times=10))
     await redis.set(f"arq:retry:{agent.keys.engine_job_id(job_id)}", 3)
-    await drain(agent)
+    await drain()
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
     assert state.attempts == 3
     assert await runs(redis, agent, job_id) == 3
+
+
+async def test_agent_worker_ends_dropped_jobs_in_arqs_own_transaction(agent: Agent, client: ClientAgent) -> None:
+    """With Agent.run_worker no reconciler pass is needed: the drop and the FAILURE commit together."""
+    job_id = await client.enqueue(NoWorker(), "u")
+    await run_burst(agent, "agent_worker")
+    state = await client.get_state(job_id)
+    assert state is not None and state.status is JobStatus.FAILURE
+    assert state.error is not None and "not found" in state.error
+    assert await agent.persistency.slots_held(agent.keys.gate(NoWorker.name, "u")) == 0
+
+
+async def test_failed_finish_transaction_keeps_the_worker_alive(
+    agent: Agent, client: ClientAgent, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the outcome cannot be committed with arq's finish (Redis error inside EXEC), the worker
+    logs it and goes on with the next job; the reconciler then ends the state."""
+    first = await client.enqueue(Echo(text="first"))
+    original = agent.persistency.transition_call
+    poisoned = {"left": 1}
+
+    def poison(job_id: str, *args, **kwargs):  # type: ignore[no-untyped-def]
+        call = original(job_id, *args, **kwargs)
+        if poisoned["left"]:
+            poisoned["left"] -= 1
+            # A state key of the wrong type makes the script fail, before any write, inside arq's MULTI.
+            return type(call)(call.script, ("wrongtype-" + agent.keys.namespace, *call.keys[1:]), call.args)
+        return call
+
+    await redis.set("wrongtype-" + agent.keys.namespace, "x")
+    monkeypatch.setattr(agent.persistency, "transition_call", poison)
+    second = await client.enqueue(Echo(text="second"))
+    await run_burst(agent, "agent_worker")
+    await redis.delete("wrongtype-" + agent.keys.namespace)
+    states = {j: await client.get_state(j) for j in (first, second)}
+    assert sorted(s.status for s in states.values() if s) == [JobStatus.STARTED, JobStatus.SUCCESS]
+    assert await JobRecovery(agent).reconcile_dropped(idle_for_ms=0) == 1
+    for job_id in (first, second):
+        assert (await client.get_state(job_id)).is_terminal  # type: ignore[union-attr]
+    assert await runs(redis, agent, first) == 1 and await runs(redis, agent, second) == 1
+
+
+async def test_scripts_lost_mid_run_still_record_the_outcome(
+    drain: Drain, agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """Redis forgetting our Lua scripts (restart, SCRIPT FLUSH) while a job runs: its outcome is
+    still recorded, once, and the next enqueue works."""
+    job_id = await client.enqueue(Amnesia())
+    await drain()
+    state = await client.get_state(job_id)
+    assert state is not None and state.status is JobStatus.SUCCESS and state.result == {"remembered": True}
+    assert await runs(redis, agent, job_id) == 1
+    assert await client.enqueue(Echo())

@@ -20,7 +20,7 @@ from agent_async import (
     QueueUnavailableError,
     RequestException,
 )
-from tests.conftest import drain
+from tests.conftest import Drain
 from tests.jobs import Echo, Gated, runs_key
 
 
@@ -65,9 +65,9 @@ async def test_unknown_job_name_is_a_clear_error(client: ClientAgent) -> None:
     assert "no.such.job" in caught.value.message
 
 
-async def test_enqueue_named_rebuilds_the_request(agent: Agent, client: ClientAgent) -> None:
+async def test_enqueue_named_rebuilds_the_request(drain: Drain, agent: Agent, client: ClientAgent) -> None:
     job_id = await client.enqueue_named("tests.echo", {"text": "by name", "numbers": [4]}, "u")
-    await drain(agent)
+    await drain()
     state = await client.get_state(job_id)
     assert state is not None and state.result == {"echo": "by name", "sum": 4, "user": "u"}
 
@@ -97,20 +97,22 @@ async def test_payload_value_that_is_not_json_is_refused_before_any_write(
     assert await namespace_keys(redis, agent) == []
 
 
-async def test_cancel_queued_job_never_runs(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+async def test_cancel_queued_job_never_runs(drain: Drain, agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """Cancel before start: CANCELED, out of arq's queue, never run, even by a later worker."""
     job_id = await client.enqueue(Echo(text="never"), "u")
     state = await client.cancel(job_id)
     assert state is not None and state.status is JobStatus.CANCELED
     assert await redis.zcard(agent.keys.queue) == 0
-    await drain(agent)
+    await drain()
     assert await redis.hget(runs_key(agent.keys.namespace), job_id) is None
     assert (await client.get_state(job_id)).status is JobStatus.CANCELED  # type: ignore[union-attr]
 
 
-async def test_cancel_is_idempotent_and_leaves_terminal_jobs_alone(agent: Agent, client: ClientAgent) -> None:
+async def test_cancel_is_idempotent_and_leaves_terminal_jobs_alone(
+    drain: Drain, agent: Agent, client: ClientAgent
+) -> None:
     done = await client.enqueue(Echo(text="done"))
-    await drain(agent)
+    await drain()
     before = await client.get_state(done)
     after = await client.cancel(done)
     assert before is not None and after is not None
@@ -123,7 +125,9 @@ async def test_cancel_is_idempotent_and_leaves_terminal_jobs_alone(agent: Agent,
     assert await client.cancel("no-such-id") is None
 
 
-async def test_cancel_of_a_claimed_job_is_honoured_at_start(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+async def test_cancel_of_a_claimed_job_is_honoured_at_start(
+    drain: Drain, agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
     """A cancel that lands after arq claimed the job but before it started: the job is skipped."""
     job_id = await client.enqueue(Echo(text="late"))
     original_start = agent.persistency.start
@@ -133,6 +137,6 @@ async def test_cancel_of_a_claimed_job_is_honoured_at_start(agent: Agent, client
         return await original_start(jid)
 
     agent.persistency.start = cancel_then_start  # type: ignore[method-assign]
-    await drain(agent)
+    await drain()
     assert await redis.hget(runs_key(agent.keys.namespace), job_id) is None
     assert (await client.get_state(job_id)).status is JobStatus.CANCELED  # type: ignore[union-attr]

@@ -9,7 +9,7 @@ from redis.asyncio import Redis
 
 from agent_async import ERROR_JOB_CONCURRENT_LIMIT, Agent, ClientAgent, JobRequest, JobStatus, RequestException
 from agent_async.recovery import JobRecovery
-from tests.conftest import drain
+from tests.conftest import Drain
 from tests.jobs import Boom, Echo, Flaky, Gated, GatedFive, NoWorker, Slow
 
 
@@ -35,14 +35,14 @@ async def test_gate_off_lets_everything_through(agent: Agent, client: ClientAgen
     assert await slots(agent, Echo.name, "u") == 0
 
 
-async def test_gate_one_refuses_a_second_job_in_flight(agent: Agent, client: ClientAgent) -> None:
+async def test_gate_one_refuses_a_second_job_in_flight(drain: Drain, agent: Agent, client: ClientAgent) -> None:
     """max_concurrent 1: the second enqueue gets ERROR_JOB_CONCURRENT_LIMIT until the first ends."""
     first = await client.enqueue(Gated(), "u")
     with pytest.raises(RequestException) as caught:
         await client.enqueue(Gated(), "u")
     assert caught.value.code == ERROR_JOB_CONCURRENT_LIMIT
     assert "1 job(s) already in flight" in caught.value.message
-    await drain(agent)
+    await drain()
     assert (await client.get_state(first)).status is JobStatus.SUCCESS  # type: ignore[union-attr]
     assert await slots(agent, Gated.name, "u") == 0
     assert await client.enqueue(Gated(), "u")
@@ -72,39 +72,39 @@ async def test_scope_is_per_user_and_global_without_user(agent: Agent, client: C
     assert await slots(agent, Gated.name, None) == 1
 
 
-async def test_slot_released_on_failure_and_retries_exhausted(agent: Agent, client: ClientAgent) -> None:
+async def test_slot_released_on_failure_and_retries_exhausted(drain: Drain, agent: Agent, client: ClientAgent) -> None:
     """FAILURE (direct, or after the last retry) frees the slot."""
     await client.enqueue(Boom(), "u")
     await client.enqueue(Boom(), "u")
     assert await slots(agent, Boom.name, "u") == 2
-    await drain(agent)
+    await drain()
     assert await slots(agent, Boom.name, "u") == 0
 
 
 async def test_slot_held_across_retries_and_released_at_the_end(
-    agent: Agent, client: ClientAgent, monkeypatch: pytest.MonkeyPatch
+    drain: Drain, agent: Agent, client: ClientAgent, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A RETRY keeps the slot (the job is still in flight); the final outcome releases it."""
     monkeypatch.setattr(Flaky, "max_concurrent", 1)
     job_id = await client.enqueue(Flaky(fail_times=1), "u")
-    seen_during_retry = []
-    original = agent.persistency.transition
+    seen_at_start: list[int] = []
+    original = agent.persistency.start
 
-    async def spy(job: str, status: JobStatus, **kw: object) -> bool:
-        if status is JobStatus.RETRY:
-            seen_during_retry.append(await slots(agent, Flaky.name, "u"))
-        return await original(job, status, **kw)  # type: ignore[arg-type]
+    async def spy(job: str):  # type: ignore[no-untyped-def]
+        # Before attempt 2 the state was RETRY: the slot must still be held then.
+        seen_at_start.append(await slots(agent, Flaky.name, "u"))
+        return await original(job)
 
-    monkeypatch.setattr(agent.persistency, "transition", spy)
-    await drain(agent)
-    assert seen_during_retry == [1]
+    monkeypatch.setattr(agent.persistency, "start", spy)
+    await drain()
+    assert seen_at_start == [1, 1]
     assert (await client.get_state(job_id)).status is JobStatus.SUCCESS  # type: ignore[union-attr]
     assert await slots(agent, Flaky.name, "u") == 0
 
 
-async def test_slot_released_on_soft_timeout(agent: Agent, client: ClientAgent) -> None:
+async def test_slot_released_on_soft_timeout(drain: Drain, agent: Agent, client: ClientAgent) -> None:
     await client.enqueue(Slow(sleep_s=5), "u")
-    await drain(agent)
+    await drain()
     assert await slots(agent, Slow.name, "u") == 0
 
 
@@ -115,11 +115,11 @@ async def test_slot_released_on_cancel(agent: Agent, client: ClientAgent) -> Non
     assert await slots(agent, Gated.name, "u") == 0
 
 
-async def test_slot_released_when_the_engine_drops_the_job(agent: Agent, client: ClientAgent) -> None:
+async def test_slot_released_when_the_engine_drops_the_job(drain: Drain, agent: Agent, client: ClientAgent) -> None:
     """A job arq drops without a hook (function unknown to the worker) still frees its slot."""
     job_id = await client.enqueue(NoWorker(), "u")
-    await drain(agent)
-    assert await JobRecovery(agent).reconcile_dropped(idle_for_ms=0) == 1
+    await drain()
+    await JobRecovery(agent).reconcile_dropped(idle_for_ms=0)  # only the plain arq worker needs it
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
     assert await slots(agent, NoWorker.name, "u") == 0

@@ -57,8 +57,11 @@ class Work(Job):
 def test_discovers_every_module_jobs_folder(package_root: tuple[Path, str], job_registry: JobRegistry) -> None:
     root, pkg = package_root
     add_module(root, "billing", {"invoice.py": JOB_SOURCE.format(name=f"{pkg}.invoice")})
-    add_module(root, "calendar", {"export.py": JOB_SOURCE.format(name=f"{pkg}.export"),
-                                  "sync.py": JOB_SOURCE.format(name=f"{pkg}.sync")})
+    add_module(
+        root,
+        "calendar",
+        {"export.py": JOB_SOURCE.format(name=f"{pkg}.export"), "sync.py": JOB_SOURCE.format(name=f"{pkg}.sync")},
+    )
     (root / "module" / "nojobs").mkdir()
     (root / "module" / "nojobs" / "__init__.py").write_text("")
 

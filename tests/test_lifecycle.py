@@ -5,7 +5,7 @@ from __future__ import annotations
 from redis.asyncio import Redis
 
 from agent_async import Agent, ClientAgent, JobStatus
-from tests.conftest import drain
+from tests.conftest import Drain
 from tests.jobs import BadResult, Boom, Echo, Flaky, Slow, SlowRetried, runs_key
 
 
@@ -13,13 +13,13 @@ async def runs(redis: Redis, agent: Agent, job_id: str) -> int:
     return int(await redis.hget(runs_key(agent.keys.namespace), job_id) or 0)
 
 
-async def test_success_stores_inline_result(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+async def test_success_stores_inline_result(drain: Drain, agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """enqueue -> worker -> SUCCESS, with process()'s dict as the result and one attempt."""
     job_id = await client.enqueue(Echo(text="hi", numbers=[1, 2, 3]), "alice")
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.PENDING and state.attempts == 0
 
-    await drain(agent)
+    await drain()
 
     state = await client.get_state(job_id)
     assert state is not None
@@ -31,10 +31,12 @@ async def test_success_stores_inline_result(agent: Agent, client: ClientAgent, r
     assert await runs(redis, agent, job_id) == 1
 
 
-async def test_non_retryable_failure_fails_after_one_attempt(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+async def test_non_retryable_failure_fails_after_one_attempt(
+    drain: Drain, agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
     """An exception outside retry_for ends FAILURE at once, even with max_try 3."""
     job_id = await client.enqueue(Boom())
-    await drain(agent)
+    await drain()
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
     assert state.attempts == 1
@@ -42,10 +44,10 @@ async def test_non_retryable_failure_fails_after_one_attempt(agent: Agent, clien
     assert await runs(redis, agent, job_id) == 1
 
 
-async def test_retry_then_success(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+async def test_retry_then_success(drain: Drain, agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """A retryable exception is retried under the same job id; the second attempt succeeds."""
     job_id = await client.enqueue(Flaky(fail_times=1), "bob")
-    await drain(agent)
+    await drain()
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.SUCCESS
     assert state.attempts == 2
@@ -53,10 +55,10 @@ async def test_retry_then_success(agent: Agent, client: ClientAgent, redis: Redi
     assert state.error is None, "a success clears the error of the failed attempt"
 
 
-async def test_retries_exhausted(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+async def test_retries_exhausted(drain: Drain, agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """max_try attempts, then FAILURE naming the last error."""
     job_id = await client.enqueue(Flaky(fail_times=10))
-    await drain(agent)
+    await drain()
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
     assert state.attempts == 3 == Flaky.max_try
@@ -64,10 +66,12 @@ async def test_retries_exhausted(agent: Agent, client: ClientAgent, redis: Redis
     assert await runs(redis, agent, job_id) == 3
 
 
-async def test_soft_timeout_fails_with_a_clear_error(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+async def test_soft_timeout_fails_with_a_clear_error(
+    drain: Drain, agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
     """Past soft_timeout_seconds the run is cancelled (the job may clean up) and the error says why."""
     job_id = await client.enqueue(Slow(sleep_s=5))
-    await drain(agent)
+    await drain()
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
     assert state.error == "SoftTimeLimitExceeded: soft time limit of 0.2s exceeded"
@@ -75,10 +79,12 @@ async def test_soft_timeout_fails_with_a_clear_error(agent: Agent, client: Clien
     assert await redis.hget(runs_key(agent.keys.namespace) + ":cleanup", job_id) == b"1"
 
 
-async def test_soft_timeout_is_retried_when_listed(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+async def test_soft_timeout_is_retried_when_listed(
+    drain: Drain, agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
     """SoftTimeLimitExceeded in retry_for: every attempt times out, max_try attempts are made."""
     job_id = await client.enqueue(SlowRetried())
-    await drain(agent)
+    await drain()
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
     assert state.attempts == 2
@@ -86,10 +92,10 @@ async def test_soft_timeout_is_retried_when_listed(agent: Agent, client: ClientA
     assert await runs(redis, agent, job_id) == 2
 
 
-async def test_result_that_is_not_json_fails_the_job(agent: Agent, client: ClientAgent) -> None:
+async def test_result_that_is_not_json_fails_the_job(drain: Drain, agent: Agent, client: ClientAgent) -> None:
     """A result JSON cannot carry is a FAILURE with a clear error, not a crash of the worker."""
     job_id = await client.enqueue(BadResult())
-    await drain(agent)
+    await drain()
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
     assert state.error is not None and "invalid result" in state.error and "object" in state.error

@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_async import Agent, AgentSettings, ClientAgent, JobStatus
-from tests.conftest import drain
+from tests.conftest import Drain, run_burst
 from tests.jobs import Echo
 
 
@@ -23,17 +23,17 @@ async def other_agent(settings: AgentSettings, redis: Redis) -> AsyncIterator[Ag
         await redis.delete(*keys)
 
 
-async def test_worker_runs_only_its_namespace(agent: Agent, other_agent: Agent) -> None:
+async def test_worker_runs_only_its_namespace(drain: Drain, agent: Agent, other_agent: Agent) -> None:
     mine = await ClientAgent(agent).enqueue(Echo(text="mine"), "u")
     theirs = await ClientAgent(other_agent).enqueue(Echo(text="theirs"), "u")
     assert mine != theirs
-    await drain(agent)
+    await drain()
     assert (await agent.persistency.get(mine)).status is JobStatus.SUCCESS  # type: ignore[union-attr]
     assert (await other_agent.persistency.get(theirs)).status is JobStatus.PENDING  # type: ignore[union-attr]
     # States and indexes are invisible across namespaces.
     assert await agent.persistency.get(theirs) is None
     assert [s.job_id for s in await ClientAgent(agent).list_for_user("u")] == [mine]
-    await drain(other_agent)
+    await run_burst(other_agent)
     assert (await other_agent.persistency.get(theirs)).status is JobStatus.SUCCESS  # type: ignore[union-attr]
 
 

@@ -8,11 +8,13 @@ import random
 from redis.asyncio import Redis
 
 from agent_async import Agent, AgentSettings, ClientAgent, JobStatus
-from tests.conftest import drain
+from tests.conftest import Drain, run_burst
 from tests.jobs import Boom, Echo, Flaky
 
 
-async def test_indexes_are_consistent_after_many_jobs(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+async def test_indexes_are_consistent_after_many_jobs(
+    drain: Drain, agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
     """300 jobs of 3 users, mixed outcomes: every user's list holds exactly their jobs, newest
     first; the active index is empty once all are terminal."""
     rng = random.Random(7)
@@ -29,7 +31,7 @@ async def test_indexes_are_consistent_after_many_jobs(agent: Agent, client: Clie
         await asyncio.sleep(0) if i % 50 else await asyncio.sleep(0.002)
     assert len(await agent.persistency.active_job_ids()) == 300
 
-    await drain(agent)
+    await drain()
 
     assert await agent.persistency.active_job_ids() == []
     for user, ids in expected.items():
@@ -55,10 +57,12 @@ async def test_pagination_newest_first(agent: Agent, client: ClientAgent) -> Non
     assert [s.job_id for s in page1 + page2 + page3] == list(reversed(ids))
 
 
-async def test_terminal_states_expire_after_retention(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+async def test_terminal_states_expire_after_retention(
+    drain: Drain, agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
     job_id = await client.enqueue(Echo())
     pending_ttl = await redis.ttl(agent.keys.state(job_id))
-    await drain(agent)
+    await drain()
     done_ttl = await redis.ttl(agent.keys.state(job_id))
     assert pending_ttl == -1, "a live job never expires"
     assert 0 < done_ttl <= agent.settings.state_retention_s
@@ -71,7 +75,7 @@ async def test_indexes_are_pruned_once_states_expire(settings: AgentSettings, re
         client = ClientAgent(agent)
         for _ in range(4):
             await client.enqueue(Echo(), "old")
-        await drain(agent)
+        await run_burst(agent)
         assert await redis.zcard(agent.keys.user_index("old")) == 4
         await asyncio.sleep(2.1)
         survivor = await client.enqueue(Echo(), "old")
@@ -82,9 +86,9 @@ async def test_indexes_are_pruned_once_states_expire(settings: AgentSettings, re
         assert await redis.zrange(agent.keys.user_index("old"), 0, -1) == [survivor.encode()]
 
 
-async def test_state_round_trips_through_dict(agent: Agent, client: ClientAgent) -> None:
+async def test_state_round_trips_through_dict(drain: Drain, agent: Agent, client: ClientAgent) -> None:
     job_id = await client.enqueue(Echo(text="é", numbers=[1]), "u")
-    await drain(agent)
+    await drain()
     state = await client.get_state(job_id)
     assert state is not None
     from agent_async import JobState

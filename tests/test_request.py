@@ -46,8 +46,14 @@ def test_payload_round_trip(job_registry: JobRegistry) -> None:
 
     original = Rich(title="t", tags=["a"], meta={"k": [1, {"x": None}]}, limit=3)
     payload = original.payload()
-    assert payload == {"title": "t", "tags": ["a"], "meta": {"k": [1, {"x": None}]}, "limit": 3,
-                       "ratio": 0.5, "flag": False}
+    assert payload == {
+        "title": "t",
+        "tags": ["a"],
+        "meta": {"k": [1, {"x": None}]},
+        "limit": 3,
+        "ratio": 0.5,
+        "flag": False,
+    }
     assert Rich.from_payload(payload) == original
     assert Rich.from_payload({}) == Rich()
 
@@ -100,11 +106,13 @@ def test_job_needs_a_request_and_a_process(job_registry: JobRegistry) -> None:
         name: ClassVar[str] = "decl.job"
 
     with pytest.raises(JobDeclarationError, match="request_class must be a JobRequest subclass"):
+
         @agent_job
         class NoRequest(Job):  # type: ignore[misc]
             pass
 
     with pytest.raises(JobDeclarationError, match="process"):
+
         @agent_job
         class NoProcess(Job):
             request_class = Req
@@ -120,6 +128,7 @@ def test_job_needs_a_request_and_a_process(job_registry: JobRegistry) -> None:
     assert Good(agent=None).public_payload({"x": 1}) == {"x": 1}  # type: ignore[arg-type]
 
     with pytest.raises(JobDeclarationError, match="already registered"):
+
         @agent_job
         class Second(Good):
             pass

@@ -25,7 +25,12 @@ def test_every_variable_is_read() -> None:
     }
     s = AgentSettings.from_env(env)
     assert (s.redis_url, s.namespace, s.state_retention_s, s.poll_delay_s, s.worker_max_jobs) == (
-        "redis://cache:6380/2", "prod", 60, 0.05, 3)
+        "redis://cache:6380/2",
+        "prod",
+        60,
+        0.05,
+        3,
+    )
     assert s.job_packages == ("app.module", "plugins.module")
     assert s.database_url == "postgresql+asyncpg://u@db/x"
     assert set(AgentSettings.ENV) == {f for f in AgentSettings.__dataclass_fields__}
