@@ -20,16 +20,18 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError, RedisError
 
+from agent_async.child import RunHandle
 from agent_async.errors import AgentError, ConfigurationError
 from agent_async.keys import KeySpace
 from agent_async.persistency import EngineWrite, GateClaim, JobPersistency, StartDecision
 from agent_async.recovery import dropped_outcome
 from agent_async.registry import JobRegistry, registry
 from agent_async.request import JobRequest
-from agent_async.runner import Backoff, JobContextFactory, JobRunner, Outcome
+from agent_async.runner import Backoff, JobContextFactory, JobRunner, Outcome, StopPolicy
+from agent_async.runtime import WorkerRuntime
 from agent_async.scripts import ScriptCall
 from agent_async.settings import AgentSettings
-from agent_async.state import JobState, JobStatus
+from agent_async.state import JobState, JobStatus, now_ms
 
 if TYPE_CHECKING:
     from agent_async.storage import ClientStorage
@@ -48,6 +50,13 @@ _PICKUP_SLACK = 5
 _DROPPED_RESULT_KEEP_S = 3600
 # The concurrency slot outlives the hard limit by this much before it expires on its own.
 _GATE_SAFETY_S = 60
+# arq's own timeout sits this far beyond our hard limit, as a backstop that should never fire.
+_ARQ_TIMEOUT_MARGIN_S = 5.0
+# Room for the runner's last wait after phase 2.
+_AFTER_KILL_MARGIN_S = 2.0
+# Backoff of the worker loop's restarts after Redis errors.
+_REDIS_RETRY_MIN_S = 0.5
+_REDIS_RETRY_MAX_S = 10.0
 # When on_job_start could not reach Redis, the job is handed back to the queue for this long.
 _START_FAILED_RETRY_S = 1.0
 # Attempts (and the pause between them) to record an outcome before giving up to the reconciler.
@@ -57,7 +66,6 @@ _RECORD_PAUSE_S = 0.2
 # ctx keys shared by our hooks and the job function within one arq run.
 _CTX_DECISION = "agent_async.decision"
 _CTX_OUTCOME = "agent_async.outcome"
-_CTX_T0 = "agent_async.t0"
 # Set in the worker ctx by _AgentWorker: outcomes are committed inside arq's finish transaction.
 _CTX_COMMIT_IN_FINISH = "agent_async.commit_in_finish"
 
@@ -122,7 +130,8 @@ class Agent:
         self._on_worker_shutdown = list(on_worker_shutdown)
         self._runners: dict[str, JobRunner] = {}
         self._backoff = Backoff(settings.retry_backoff_base_s, settings.retry_backoff_max_s)
-        self._background: set[asyncio.Task[None]] = set()
+        self._stop_policy = StopPolicy(settings.hard_timeout_grace_s, settings.cancel_grace_s)
+        self._runtime: WorkerRuntime | None = None
         # Outcomes waiting for arq's finish transaction, by engine job id (see _AgentWorker).
         self._commits: dict[str, ScriptCall] = {}
         if redis is not None:
@@ -137,9 +146,9 @@ class Agent:
             self._persistency = self._make_persistency(self._redis)
 
     async def close(self) -> None:
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._runtime is not None:
+            await self._runtime.stop()
+            self._runtime = None
         if self._store is not None:
             await self._store.close()
         if self._owns_redis and self._redis is not None:
@@ -155,7 +164,10 @@ class Agent:
         await self.close()
 
     def _make_persistency(self, redis: Redis) -> JobPersistency:
-        return JobPersistency(redis, keys=self.keys, retention_s=self.settings.state_retention_s)
+        return JobPersistency(
+            redis, keys=self.keys, retention_s=self.settings.state_retention_s,
+            lease_ms=int(self.settings.lease_s * 1000),
+        )
 
     @property
     def persistency(self) -> JobPersistency:
@@ -195,34 +207,47 @@ class Agent:
             schedule_name=schedule_name,
         )
         await self.persistency.create(
-            state, gate=self._gate_claim(type(request), user_uid), engine=self._engine_write(state, defer_s)
+            state,
+            gate=self._gate_claim(type(request), user_uid),
+            engine=self.engine_write(state, defer_s),
+            resume=request.resume,
+            max_try=request.max_try,
         )
         return state
 
     def _gate_claim(self, request_class: type[JobRequest], user_uid: str | None) -> GateClaim | None:
         if request_class.max_concurrent == 0:
             return None
-        hard_s = request_class.soft_timeout_seconds + self.settings.hard_timeout_grace_s
         return GateClaim(
             key=self.keys.gate(request_class.name, user_uid),
             limit=request_class.max_concurrent,
-            ttl_ms=int((hard_s + _GATE_SAFETY_S) * 1000),
+            ttl_ms=int((self._longest_run_s(request_class) + _GATE_SAFETY_S) * 1000),
         )
 
-    def _engine_write(self, state: JobState, defer_s: float) -> EngineWrite:
+    def _longest_run_s(self, request_class: type[JobRequest]) -> float:
+        """Soft limit + the longer grace: no attempt of this request outlives it in a live worker."""
+        grace_s = max(self.settings.hard_timeout_grace_s, self.settings.cancel_grace_s)
+        return request_class.soft_timeout_seconds + grace_s + _AFTER_KILL_MARGIN_S
+
+    def engine_write(self, state: JobState, defer_s: float = 0.0) -> EngineWrite:
+        """The arq job to queue for a state (new, or re-queued after its worker was lost)."""
         engine_id = self.keys.engine_job_id(state.job_id)
         defer_ms = max(0, int(defer_s * 1000))
         job_bytes = serialize_job(
             state.name, (state.payload,), {}, None, state.created_ms, serializer=wire_dumps
         )
+        now = now_ms()
         return EngineWrite(
             queue_key=self.keys.queue,
             job_key=job_key_prefix + engine_id,
             engine_job_id=engine_id,
             job_bytes=job_bytes,
-            score_ms=state.created_ms + defer_ms,
+            score_ms=now + defer_ms,
             ttl_ms=defer_ms + _ENGINE_JOB_TTL_EXTRA_MS,
         )
+
+    def engine_in_progress_key(self, job_id: str) -> str:
+        return in_progress_key_prefix + self.keys.engine_job_id(job_id)
 
     def engine_drop(self, job_id: str) -> tuple[str, str, str]:
         """(queue key, job key, engine job id): what to delete to take a job out of arq's queue."""
@@ -254,11 +279,11 @@ class Agent:
         functions = []
         for name, job_class in sorted(jobs.items()):
             request_class = job_class.request_class
-            hard_s = request_class.soft_timeout_seconds + self.settings.hard_timeout_grace_s
             functions.append(func(
                 self._job_entry(name),  # type: ignore[arg-type]
                 name=name,
-                timeout=hard_s,
+                # Our runner ends every attempt before this; arq's bare cancel is only a backstop.
+                timeout=self._longest_run_s(request_class) + _ARQ_TIMEOUT_MARGIN_S,
                 keep_result=0,
                 max_tries=request_class.max_try + _PICKUP_SLACK,
             ))
@@ -275,6 +300,8 @@ class Agent:
             "poll_delay": self.settings.poll_delay_s,
             "max_jobs": self.settings.worker_max_jobs,
             "keep_result": _DROPPED_RESULT_KEEP_S,
+            # SIGTERM: stop picking jobs, let running ones finish this long, then cancel them.
+            "job_completion_wait": int(self.settings.shutdown_drain_s),
         }
         settings.update(overrides)
         return settings
@@ -284,9 +311,24 @@ class Agent:
         kwargs = self.worker_settings(**{"burst": burst, "handle_signals": False, **overrides})
         worker = _AgentWorker(agent=self, **kwargs)
         try:
-            await worker.main()
+            await self._main_surviving_redis(worker)
         finally:
             await worker.close()
+
+    async def _main_surviving_redis(self, worker: Worker) -> None:
+        """arq's poll loop ends on the first Redis error (arq #498); restart it with backoff."""
+        delay_s = _REDIS_RETRY_MIN_S
+        while True:
+            started = time.monotonic()
+            try:
+                await worker.main()
+                return
+            except (RedisError, OSError) as exc:
+                if time.monotonic() - started > _REDIS_RETRY_MAX_S:
+                    delay_s = _REDIS_RETRY_MIN_S  # it had been running fine: start the backoff over
+                logger.warning("Redis error in the worker loop (%s); retrying in %.1fs", exc, delay_s)
+                await asyncio.sleep(delay_s)
+                delay_s = min(_REDIS_RETRY_MAX_S, delay_s * 2)
 
     def _runner(self, name: str) -> JobRunner:
         runner = self._runners.get(name)
@@ -294,7 +336,9 @@ class Agent:
             job_class = self.registry.job(name)
             if job_class is None:
                 raise AgentError(f"no Job is registered for {name!r}")
-            runner = JobRunner(job_class(self), backoff=self._backoff, context=self._job_context)
+            runner = JobRunner(
+                job_class(self), backoff=self._backoff, stop=self._stop_policy, context=self._job_context
+            )
             self._runners[name] = runner
         return runner
 
@@ -307,10 +351,15 @@ class Agent:
             if not decision.run:
                 return
             job_id = self.keys.job_id_from_engine(ctx["job_id"]) or ctx["job_id"]
-            ctx[_CTX_T0] = time.monotonic()
-            outcome = await self._runner(name).run(
-                payload, job_id=job_id, user_uid=decision.user_uid, attempt=decision.attempts
-            )
+            runtime = self._runtime
+            handle = runtime.track(job_id) if runtime is not None else RunHandle(job_id)
+            try:
+                outcome = await self._runner(name).run(
+                    payload, job_id=job_id, user_uid=decision.user_uid, attempt=decision.attempts, handle=handle
+                )
+            finally:
+                if runtime is not None:
+                    runtime.untrack(job_id)
             ctx[_CTX_OUTCOME] = outcome
             if outcome.status is JobStatus.RETRY:
                 raise Retry(defer=outcome.retry_in_s)
@@ -325,20 +374,18 @@ class Agent:
             self._redis = ctx["redis"]
             self._owns_redis = False
             self._persistency = self._make_persistency(ctx["redis"])
+        if self._runtime is not None:
+            return  # arq's loop restarted after a Redis error: everything below is running
         await self.persistency.load_scripts()
         for hook in self._on_worker_startup:
             await hook(self)
-        from agent_async.recovery import JobRecovery
-
-        recovery = JobRecovery(self)
-        task = asyncio.create_task(recovery.run_forever(self.settings.reconcile_interval_s))
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._runtime = WorkerRuntime(self)
+        await self._runtime.start()
 
     async def _on_shutdown(self, ctx: dict[str, Any]) -> None:
-        for task in list(self._background):
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        if self._runtime is not None:
+            await self._runtime.stop()
+            self._runtime = None
         for hook in self._on_worker_shutdown:
             try:
                 await hook(self)
@@ -397,17 +444,14 @@ class Agent:
         return self.persistency.transition_call(job_id, status, error=error)
 
     def _interrupted_outcome(self, decision: StartDecision, ctx: dict[str, Any]) -> Outcome:
-        """The job function was cancelled by arq: its hard time limit, or a worker shutdown."""
+        """arq cancelled the attempt itself: a worker shutdown past its drain time.
+
+        arq puts the job back in the queue; whether it may run again is the request's `resume`.
+        """
         request_class = self.registry.request(decision.name)
-        soft_s = request_class.soft_timeout_seconds if request_class else 0.0
-        hard_s = soft_s + self.settings.hard_timeout_grace_s
-        elapsed_s = time.monotonic() - ctx.get(_CTX_T0, time.monotonic())
-        if request_class is not None and elapsed_s >= hard_s * 0.99:
-            return Outcome(
-                JobStatus.FAILURE, error=f"HardTimeLimitExceeded: hard time limit of {hard_s:g}s exceeded"
-            )
-        # arq re-queues a job cancelled by shutdown; it will start again as a new attempt.
-        return Outcome(JobStatus.PENDING, error="interrupted by worker shutdown; queued again")
+        if request_class is not None and request_class.resume:
+            return Outcome(JobStatus.PENDING, error="interrupted by worker shutdown; queued again")
+        return Outcome(JobStatus.FAILURE, error="WorkerShutdown: interrupted by worker shutdown (resume is off)")
 
 
 class _PoolWithScript:

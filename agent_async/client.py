@@ -5,9 +5,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from agent_async.agent import Agent
+from agent_async.canceller import JobCanceller
 from agent_async.errors import ERROR_JOB_UNKNOWN, RequestException
 from agent_async.request import JobRequest
-from agent_async.state import JobState, JobStatus
+from agent_async.state import JobState
 
 if TYPE_CHECKING:
     from agent_async.storage import ClientStorage
@@ -21,6 +22,7 @@ class ClientAgent:
     def __init__(self, agent: Agent, *, store: ClientStorage | None = None) -> None:
         self.agent = agent
         self._store = store
+        self._canceller = JobCanceller(agent)
 
     async def enqueue(self, request: JobRequest, user_uid: str | None = None, *, defer_s: float = 0.0) -> str:
         """Queue a job and return its id at once.
@@ -52,19 +54,12 @@ class ClientAgent:
     async def list_by_schedule(self, schedule_name: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
         return await self.agent.persistency.list_by_schedule(schedule_name, offset=offset, limit=limit)
 
-    async def cancel(self, job_id: str) -> JobState | None:
-        """Cancel a job that has not started: it never runs, ends CANCELED and frees its slot.
+    async def cancel(self, job_id: str, *, wait_s: float | None = None) -> JobState | None:
+        """Cancel a job (see JobCanceller): queued ones never run, running ones are stopped.
 
         Idempotent: a terminal job is returned unchanged; None for an unknown id.
         """
-        await self.agent.persistency.transition(
-            job_id,
-            JobStatus.CANCELED,
-            error="canceled before it started",
-            only_from=(JobStatus.PENDING, JobStatus.RETRY),
-            engine_drop=self.agent.engine_drop(job_id),
-        )
-        return await self.get_state(job_id)
+        return await self._canceller.cancel(job_id, wait_s=wait_s)
 
     def get_large_store(self) -> ClientStorage:
         return self._store if self._store is not None else self.agent.get_large_store()

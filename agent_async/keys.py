@@ -38,6 +38,15 @@ class KeySpace:
         return f"{self.namespace}:gate:{job_name}:{scope or GLOBAL_SCOPE}"
 
     @property
+    def leases(self) -> str:
+        """Running jobs, scored by the time (ms) their worker's lease runs out."""
+        return f"{self.namespace}:leases"
+
+    @property
+    def cancel_channel(self) -> str:
+        return f"{self.namespace}:cancel"
+
+    @property
     def queue(self) -> str:
         return f"{self.namespace}:queue"
 

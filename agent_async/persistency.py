@@ -80,18 +80,54 @@ prune(sched_idx, ARGV[9], ARGV[10])
 return 1
 """
 
-# KEYS: state, active   ARGV: job id, now ms
-# The gate key and slot TTL were recorded in the state at enqueue, so no caller needs the request.
-# Returns {attempts, user, name} when the job may run, {-1} if no state, {-2, status} if terminal.
-_START = _LUA_HELPERS + """
-local state, active = KEYS[1], KEYS[2]
+# Ends a state for good: terminal fields, out of the active index and the leases, slot freed,
+# retention TTL. Used by every script that can end a job.
+_LUA_END = """
+local function end_job(state, active, leases, job_id, status, now, retention_s, err)
+  local fields = {'status', status, 'updated_ms', now, 'finished_ms', now}
+  if err and err ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = err end
+  redis.call('HSET', state, unpack(fields))
+  redis.call('ZREM', active, job_id)
+  redis.call('ZREM', leases, job_id)
+  local gate = redis.call('HGET', state, 'gate')
+  if gate then redis.call('ZREM', gate, job_id) end
+  redis.call('EXPIRE', state, retention_s)
+end
+local function drop_engine_job(queue, engine_key, in_progress_key, engine_id)
+  if queue ~= '' then redis.call('ZREM', queue, engine_id) end
+  if engine_key ~= '' then redis.call('DEL', engine_key) end
+  if in_progress_key ~= '' then redis.call('DEL', in_progress_key) end
+end
+"""
+
+# KEYS: state, active, leases   ARGV: job id, now ms, lease expiry ms, retention s
+# Returns {attempts, user, name} when the job may run, {-1} if no state, {-2, status} if it is
+# terminal, {-3, status} if it was ended here: a redelivery of a run whose worker was lost, for a
+# job that may not resume (or is out of attempts), or that was asked to cancel.
+_START = _LUA_HELPERS + _LUA_END + """
+local state, active, leases = KEYS[1], KEYS[2], KEYS[3]
 local job_id, now = ARGV[1], tonumber(ARGV[2])
-local h = redis.call('HMGET', state, 'status', 'user', 'name', 'gate', 'gate_ttl_ms')
+local h = redis.call('HMGET', state, 'status', 'user', 'name', 'gate', 'gate_ttl_ms', 'resume', 'max_try',
+                     'attempts', 'cancel_requested_ms')
 if not h[1] then return {-1} end
 if is_terminal(h[1]) then return {-2, h[1]} end
+if h[1] == 'STARTED' then
+  -- arq redelivered a run that never finished: its worker was lost.
+  if h[9] then
+    end_job(state, active, leases, job_id, 'CANCELED', now, ARGV[4], 'canceled: its worker was lost while it ran')
+    return {-3, 'CANCELED'}
+  end
+  if h[6] ~= '1' or tonumber(h[8]) >= tonumber(h[7] or '1') then
+    end_job(state, active, leases, job_id, 'FAILURE', now, ARGV[4],
+            'WorkerLost: the worker was lost during attempt ' .. h[8] ..
+            (h[6] == '1' and ' (no attempts left)' or ' (resume is off)'))
+    return {-3, 'FAILURE'}
+  end
+end
 local attempts = redis.call('HINCRBY', state, 'attempts', 1)
 redis.call('HSET', state, 'status', 'STARTED', 'started_ms', now, 'updated_ms', now)
 redis.call('ZADD', active, now, job_id)
+redis.call('ZADD', leases, tonumber(ARGV[3]), job_id)
 if h[4] then
   -- The slot's safety-net TTL counts from the start of the run, not from the enqueue.
   local expiry = now + tonumber(h[5])
@@ -102,36 +138,96 @@ end
 return {attempts, h[2] or '', h[3]}
 """
 
-# KEYS: state, active, engine queue|'', engine job|''
+# KEYS: state, active, leases, engine queue|'', engine job|''
 # ARGV: job id, new status, now ms, retention s, result json|'', error|'', allowed current
 #       statuses csv|'' (any non-terminal), engine job id|''
 # A terminal state is never overwritten. Returns 1 if the transition happened, else 0.
-_TRANSITION = _LUA_HELPERS + """
-local state, active, queue, engine_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+_TRANSITION = _LUA_HELPERS + _LUA_END + """
+local state, active, leases, queue, engine_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local job_id, new_status, now = ARGV[1], ARGV[2], ARGV[3]
-local h = redis.call('HMGET', state, 'status', 'gate', 'error')
+local h = redis.call('HMGET', state, 'status', 'error')
 local current = h[1]
 if not current or is_terminal(current) then return 0 end
 if ARGV[7] ~= '' and not string.find(',' .. ARGV[7] .. ',', ',' .. current .. ',', 1, true) then
   return 0
 end
-local fields = {'status', new_status, 'updated_ms', now}
-if ARGV[5] ~= '' then fields[#fields + 1] = 'result'; fields[#fields + 1] = ARGV[5] end
-if ARGV[6] ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = ARGV[6] end
+if ARGV[5] ~= '' then redis.call('HSET', state, 'result', ARGV[5]) end
+if ARGV[6] == '' and h[2] then redis.call('HDEL', state, 'error') end
 if is_terminal(new_status) then
-  fields[#fields + 1] = 'finished_ms'; fields[#fields + 1] = now
-  redis.call('HSET', state, unpack(fields))
-  redis.call('ZREM', active, job_id)
-  if h[2] then redis.call('ZREM', h[2], job_id) end
-  redis.call('EXPIRE', state, tonumber(ARGV[4]))
+  end_job(state, active, leases, job_id, new_status, now, ARGV[4], ARGV[6])
 else
-  redis.call('HSET', state, unpack(fields))
+  redis.call('HSET', state, 'status', new_status, 'updated_ms', now)
+  if ARGV[6] ~= '' then redis.call('HSET', state, 'error', ARGV[6]) end
   redis.call('ZADD', active, now, job_id)
+  if new_status ~= 'STARTED' then redis.call('ZREM', leases, job_id) end
 end
-if ARGV[6] == '' and h[3] then redis.call('HDEL', state, 'error') end
-if queue ~= '' then redis.call('ZREM', queue, ARGV[8]) end
-if engine_key ~= '' then redis.call('DEL', engine_key) end
+drop_engine_job(queue, engine_key, '', ARGV[8])
 return 1
+"""
+
+# KEYS: state, active, leases, engine queue, engine job   ARGV: job id, now ms, retention s,
+#       engine job id, cancel channel
+# Not started yet: CANCELED at once and out of arq's queue (it never runs). Running: flag it and
+# tell the workers; the one running it stops it. Returns the status after the call, 'REQUESTED'
+# for a running job, or '' if there is no such job.
+_CANCEL = _LUA_HELPERS + _LUA_END + """
+local state, active, leases, queue, engine_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local job_id, now = ARGV[1], ARGV[2]
+local status = redis.call('HGET', state, 'status')
+if not status then return '' end
+if is_terminal(status) then return status end
+if status == 'STARTED' then
+  redis.call('HSET', state, 'cancel_requested_ms', now)
+  redis.call('PUBLISH', ARGV[5], job_id)
+  return 'REQUESTED'
+end
+end_job(state, active, leases, job_id, 'CANCELED', now, ARGV[3], 'canceled before it started')
+drop_engine_job(queue, engine_key, '', ARGV[4])
+return 'CANCELED'
+"""
+
+# KEYS: state, active, leases, engine queue, engine job, engine in-progress
+# ARGV: job id, now ms, retention s, engine job id, engine job bytes, engine score ms, engine
+#       job ttl ms
+# Settles a job that no worker holds: a STARTED job whose lease ran out (its worker died), or a
+# PENDING/RETRY job that is not in arq's queue. Re-queued under the same id if it may resume and
+# has attempts left; otherwise FAILURE (or CANCELED if a cancel was pending). Returns the status
+# it got, or '' if the job turned out to be alive or already settled.
+_ORPHAN = _LUA_HELPERS + _LUA_END + """
+local state, active, leases, queue, engine_key, in_progress = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local job_id, now = ARGV[1], tonumber(ARGV[2])
+local h = redis.call('HMGET', state, 'status', 'resume', 'max_try', 'attempts', 'cancel_requested_ms')
+local status = h[1]
+if not status or is_terminal(status) then return '' end
+if status == 'STARTED' then
+  local lease = redis.call('ZSCORE', leases, job_id)
+  if lease and tonumber(lease) > now then return '' end
+elseif redis.call('EXISTS', engine_key) == 1 then
+  return ''
+end
+local lost = status == 'STARTED' and 'the worker was lost during attempt ' .. h[4] or 'it was no longer queued'
+if h[5] then
+  end_job(state, active, leases, job_id, 'CANCELED', now, ARGV[3], 'canceled: ' .. lost)
+  drop_engine_job(queue, engine_key, in_progress, ARGV[4])
+  return 'CANCELED'
+end
+if h[2] == '1' and tonumber(h[4]) < tonumber(h[3] or '1') then
+  redis.call('HSET', state, 'status', 'PENDING', 'updated_ms', now, 'error', 'WorkerLost: ' .. lost .. '; queued again')
+  redis.call('ZADD', active, now, job_id)
+  redis.call('ZREM', leases, job_id)
+  if redis.call('EXISTS', engine_key) == 0 then
+    redis.call('PSETEX', engine_key, tonumber(ARGV[7]), ARGV[5])
+  end
+  redis.call('ZADD', queue, tonumber(ARGV[6]), ARGV[4])
+  -- arq skips a job whose in-progress key exists; a dead worker's key would hold it for up to
+  -- the longest timeout + 10 s.
+  redis.call('DEL', in_progress)
+  return 'PENDING'
+end
+end_job(state, active, leases, job_id, 'FAILURE', now, ARGV[3],
+        'WorkerLost: ' .. lost .. (h[2] == '1' and ' (no attempts left)' or ' (resume is off)'))
+drop_engine_job(queue, engine_key, in_progress, ARGV[4])
+return 'FAILURE'
 """
 
 
@@ -181,21 +277,26 @@ def _reachable(what: str) -> Iterator[None]:
 class JobPersistency:
     """Reads and writes JobState; every multi-key change is one Lua script, so it is all-or-nothing."""
 
-    def __init__(self, redis: Redis, *, keys: KeySpace, retention_s: int) -> None:
+    def __init__(self, redis: Redis, *, keys: KeySpace, retention_s: int, lease_ms: int = 30_000) -> None:
         self.redis = redis
         self.keys = keys
         self.retention_s = retention_s
+        self.lease_ms = lease_ms
         self._enqueue = LuaScript(_with_terminal(_ENQUEUE))
         self._start = LuaScript(_with_terminal(_START))
         self._transition = LuaScript(_with_terminal(_TRANSITION))
+        self._cancel = LuaScript(_with_terminal(_CANCEL))
+        self._orphan = LuaScript(_with_terminal(_ORPHAN))
 
     async def load_scripts(self) -> None:
         """Make the scripts known to Redis (needed before they are queued inside another MULTI)."""
-        await load_scripts(self.redis, (self._enqueue, self._start, self._transition))
+        await load_scripts(self.redis, (self._enqueue, self._start, self._transition, self._cancel, self._orphan))
 
     # -- writes ------------------------------------------------------------------------------
 
-    async def create(self, state: JobState, *, gate: GateClaim | None, engine: EngineWrite) -> None:
+    async def create(
+        self, state: JobState, *, gate: GateClaim | None, engine: EngineWrite, resume: bool = False, max_try: int = 1
+    ) -> None:
         """Persist a PENDING state, take the gate slot and queue the engine job, all or nothing.
 
         Raises RequestException(ERROR_JOB_CONCURRENT_LIMIT) when the gate is full, EnqueueError when
@@ -204,7 +305,9 @@ class JobPersistency:
         k = self.keys
         now = state.created_ms
         flat: list[str | bytes | int] = []
-        for field_name, value in state.to_redis().items():
+        # resume and max_try travel with the state so the scripts can settle a lost run alone.
+        fields = {**state.to_redis(), "resume": "1" if resume else "0", "max_try": str(max_try)}
+        for field_name, value in fields.items():
             flat += [field_name, value]
         args: list[str | bytes | int] = [
             state.job_id, now,
@@ -239,14 +342,21 @@ class JobPersistency:
 
     async def start(self, job_id: str) -> StartDecision:
         """PENDING/RETRY -> STARTED, attempts + 1; refuses to start a terminal or unknown job."""
+        now = now_ms()
+        k = self.keys
         reply = await run_script(
-            self.redis, self._start([self.keys.state(job_id), self.keys.active_index], [job_id, now_ms()])
+            self.redis,
+            self._start(
+                [k.state(job_id), k.active_index, k.leases], [job_id, now, now + self.lease_ms, self.retention_s]
+            ),
         )
         code = int(reply[0])
         if code == -1:
             return StartDecision(run=False, reason="no state")
         if code == -2:
             return StartDecision(run=False, reason=f"already {reply[1].decode()}")
+        if code == -3:
+            return StartDecision(run=False, reason=f"redelivered after its worker was lost: {reply[1].decode()}")
         return StartDecision(
             run=True, attempts=code, user_uid=reply[1].decode() or None, name=reply[2].decode()
         )
@@ -290,13 +400,52 @@ class JobPersistency:
         """The same transition, built to be sent later (e.g. inside arq's own finish transaction)."""
         queue, engine_key, engine_id = engine_drop or ("", "", "")
         return self._transition(
-            [self.keys.state(job_id), self.keys.active_index, queue, engine_key],
+            [self.keys.state(job_id), self.keys.active_index, self.keys.leases, queue, engine_key],
             [
                 job_id, status.value, now_ms(), self.retention_s,
                 "" if result is None else codec.dumps(result), error or "",
                 ",".join(s.value for s in only_from), engine_id,
             ],
         )
+
+    async def cancel(self, job_id: str, *, engine: tuple[str, str, str]) -> str:
+        """Cancel at once if not started, else flag it for its worker; see _CANCEL for the reply."""
+        queue, engine_key, engine_id = engine
+        k = self.keys
+        with _reachable(f"cancel job {job_id}"):
+            reply = await run_script(self.redis, self._cancel(
+                [k.state(job_id), k.active_index, k.leases, queue, engine_key],
+                [job_id, now_ms(), self.retention_s, engine_id, k.cancel_channel],
+            ))
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+    async def settle_orphan(self, job_id: str, *, engine: EngineWrite, in_progress_key: str) -> str:
+        """Re-queue or end a job no worker holds (see _ORPHAN); '' if it was alive after all."""
+        k = self.keys
+        reply = await run_script(self.redis, self._orphan(
+            [k.state(job_id), k.active_index, k.leases, engine.queue_key, engine.job_key, in_progress_key],
+            [job_id, now_ms(), self.retention_s, engine.engine_job_id, engine.job_bytes, engine.score_ms,
+             engine.ttl_ms],
+        ))
+        return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+    async def renew_leases(self, job_ids: Sequence[str]) -> set[str]:
+        """Extend the leases of these running jobs; returns those with a pending cancel request."""
+        if not job_ids:
+            return set()
+        expiry = now_ms() + self.lease_ms
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(self.keys.leases, dict.fromkeys(job_ids, expiry), xx=True)
+            for job_id in job_ids:
+                pipe.hget(self.keys.state(job_id), "cancel_requested_ms")
+            replies = await pipe.execute()
+        return {job_id for job_id, flag in zip(job_ids, replies[1:], strict=True) if flag}
+
+    async def lease_expiries(self, job_ids: Sequence[str]) -> list[int | None]:
+        if not job_ids:
+            return []
+        scores = await self.redis.zmscore(self.keys.leases, list(job_ids))
+        return [None if score is None else int(score) for score in scores]
 
     # -- reads -------------------------------------------------------------------------------
 

@@ -1,12 +1,12 @@
-"""JobRecovery: finds JobStates that no worker will ever finish, and ends them."""
+"""JobRecovery: settles JobStates that no worker will finish: dropped by arq, or lost with a worker."""
 
 from __future__ import annotations
 
-import asyncio
 import logging
+import uuid
 from typing import TYPE_CHECKING
 
-from agent_async.state import JobStatus
+from agent_async.state import JobState, JobStatus, now_ms
 
 if TYPE_CHECKING:
     from agent_async.agent import Agent
@@ -30,39 +30,84 @@ def dropped_outcome(reason: str | None) -> tuple[JobStatus, str]:
 
 
 class JobRecovery:
-    """Reconciles JobState with what arq actually holds.
+    """Reconciles JobState with what arq and the workers actually hold.
 
-    arq drops some jobs without calling any hook (job key expired, payload that does not
-    deserialize, function unknown to the worker, max tries exceeded). Their state would stay
-    PENDING/STARTED/RETRY forever; here they end FAILURE with arq's reason, and their slot is freed.
+    - arq drops some jobs without calling any hook (job key expired, payload that does not
+      deserialize, function unknown to the worker, its own try limit): they end FAILURE with
+      arq's reason and their slot is freed.
+    - A STARTED job whose worker stopped renewing its lease, or a PENDING/RETRY job missing from
+      arq's queue, is an orphan: re-queued under the same id when its request says `resume` and
+      it has attempts left, otherwise FAILURE (worker lost), or CANCELED if a cancel was pending.
+    Every change is one atomic script that re-checks the job first, so concurrent passes by
+    several workers are safe; the lock only avoids duplicated work.
     """
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
 
-    async def reconcile_dropped(self, *, idle_for_ms: int = _IDLE_GRACE_MS) -> int:
-        """End every non-terminal state whose arq job no longer exists. Returns how many were ended."""
+    async def reconcile_orphans(self, *, lock_ttl_s: float = 60.0) -> int | None:
+        """One pass under the namespace's recovery lock (so one worker sweeps); None if held."""
+        token = uuid.uuid4().hex
+        lock = self.agent.keys.recovery_lock
+        redis = self.agent.redis
+        if not await redis.set(lock, token, nx=True, px=int(lock_ttl_s * 1000)):
+            return None
+        try:
+            return await self.reconcile()
+        finally:
+            # Released only by its owner: a pass that outlived the TTL must not free another's lock.
+            if await redis.get(lock) == token.encode():
+                await redis.delete(lock)
+
+    async def reconcile(self, *, idle_for_ms: int = _IDLE_GRACE_MS) -> int:
+        """Settle every active job that no worker or queue holds. Returns how many were settled."""
         persistency = self.agent.persistency
         job_ids = await persistency.active_job_ids(idle_for_ms=idle_for_ms)
-        ended = 0
+        settled = 0
         for start in range(0, len(job_ids), _BATCH):
             batch = job_ids[start:start + _BATCH]
+            states = await persistency.get_many(batch)
             await persistency.forget_inactive(batch)
-            views = await self.agent.engine_views(batch)
-            for job_id, view in views.items():
-                if view.queued or view.in_progress:
-                    continue
-                status, error = dropped_outcome(view.dropped_reason)
-                if await persistency.transition(job_id, status, error=error):
-                    logger.warning("job %s ended %s: %s", job_id, status, error)
-                    ended += 1
-        return ended
+            live = [s for s in states if s is not None and not s.is_terminal]
+            if live:
+                settled += await self._settle(live)
+        return settled
 
-    async def run_forever(self, interval_s: float) -> None:
-        """The worker's background sweep; a failed pass is logged and retried next interval."""
-        while True:
-            await asyncio.sleep(interval_s)
-            try:
-                await self.reconcile_dropped()
-            except Exception:
-                logger.exception("reconcile pass failed; retrying in %.1fs", interval_s)
+    async def _settle(self, states: list[JobState]) -> int:
+        ids = [s.job_id for s in states]
+        views = await self.agent.engine_views(ids)
+        leases = await self.agent.persistency.lease_expiries(ids)
+        now = now_ms()
+        settled = 0
+        for state, lease in zip(states, leases, strict=True):
+            view = views[state.job_id]
+            engine_gone = not view.queued and not view.in_progress
+            if engine_gone and (view.dropped_reason or state.status is JobStatus.STARTED):
+                # arq finished with it without our outcome being recorded.
+                settled += await self._end_dropped(state, view.dropped_reason)
+            elif state.status is JobStatus.STARTED and lease is not None and lease > now:
+                continue  # its worker is alive and renewing the lease
+            elif state.status is not JobStatus.STARTED and view.queued:
+                continue  # waiting in arq's queue (or deferred)
+            else:
+                settled += await self._settle_orphan(state)
+        return settled
+
+    async def _end_dropped(self, state: JobState, reason: str | None) -> int:
+        status, error = dropped_outcome(reason)
+        if await self.agent.persistency.transition(state.job_id, status, error=error):
+            logger.warning("job %s ended %s: %s", state.job_id, status, error)
+            return 1
+        return 0
+
+    async def _settle_orphan(self, state: JobState) -> int:
+        outcome = await self.agent.persistency.settle_orphan(
+            state.job_id,
+            engine=self.agent.engine_write(state),
+            in_progress_key=self.agent.engine_in_progress_key(state.job_id),
+        )
+        if outcome:
+            logger.warning("job %s was orphaned (%s, attempt %d): now %s",
+                           state.job_id, state.status, state.attempts, outcome)
+            return 1
+        return 0

@@ -1,4 +1,4 @@
-"""JobRunner: runs one attempt of a Job and turns whatever happens into an Outcome."""
+"""JobRunner: runs one attempt of a Job under its time limits and cancellation, returns an Outcome."""
 
 from __future__ import annotations
 
@@ -11,20 +11,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from agent_async import codec
+from agent_async.child import RunHandle, current_run
 from agent_async.errors import SoftTimeLimitExceeded
 from agent_async.job import Job
 from agent_async.state import JobStatus
 
-__all__ = ["Backoff", "JobContextFactory", "JobRunner", "Outcome"]
+__all__ = ["Backoff", "JobContextFactory", "JobRunner", "Outcome", "StopPolicy"]
 
 logger = logging.getLogger(__name__)
 
 JobContextFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
+# After phase 2 (children killed) a task gets this long to finish before it is abandoned.
+_AFTER_KILL_WAIT_S = 1.0
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How one attempt ended: SUCCESS, FAILURE, or RETRY after `retry_in_s`."""
+    """How one attempt ended: SUCCESS, FAILURE, CANCELED, or RETRY after `retry_in_s`."""
 
     status: JobStatus
     result: dict[str, Any] | None = None
@@ -45,28 +49,103 @@ class Backoff:
         return ceiling * (rng or random).uniform(0.5, 1.0)
 
 
-class JobRunner:
-    """Runs `Job.process` under the soft time limit and classifies the result or exception."""
+@dataclass(frozen=True, slots=True)
+class StopPolicy:
+    """Grace periods between the cooperative stop (phase 1) and the hard one (phase 2)."""
 
-    def __init__(self, job: Job, *, backoff: Backoff, context: JobContextFactory | None = None) -> None:
+    hard_timeout_grace_s: float
+    cancel_grace_s: float
+
+
+class JobRunner:
+    """Runs `Job.process` as its own task and watches it.
+
+    Three things can stop an attempt before it returns: a cancel request, the soft time limit, or
+    (if the job ignores phase 1) the end of the grace period. Phase 1 cancels the task so
+    `process()` can clean up in `finally`; phase 2 SIGKILLs the attempt's child processes (see
+    `run_in_child`) and, if the task still runs, abandons it so the worker is never blocked.
+    """
+
+    def __init__(
+        self,
+        job: Job,
+        *,
+        backoff: Backoff,
+        stop: StopPolicy,
+        context: JobContextFactory | None = None,
+    ) -> None:
         self.job = job
         self.request_class = job.request_class
         self.backoff = backoff
+        self.stop = stop
         self._context = context
 
-    async def run(self, payload: dict[str, Any], *, job_id: str, user_uid: str | None, attempt: int) -> Outcome:
-        soft_s = float(self.request_class.soft_timeout_seconds)
+    async def run(
+        self, payload: dict[str, Any], *, job_id: str, user_uid: str | None, attempt: int, handle: RunHandle
+    ) -> Outcome:
+        token = current_run.set(handle)
         try:
-            async with self._context() if self._context else nullcontext():
-                async with asyncio.timeout(soft_s) as limit:
-                    result = await self.job.process(payload, user_uid=user_uid, job_id=job_id)
-        except TimeoutError as exc:
-            if limit.expired():
-                return self._failed(SoftTimeLimitExceeded(f"soft time limit of {soft_s:g}s exceeded"), attempt)
+            task = asyncio.create_task(self._process(payload, job_id, user_uid), name=f"job {job_id}")
+        finally:
+            current_run.reset(token)
+        try:
+            return await self._supervise(task, handle, attempt)
+        except asyncio.CancelledError:
+            # The worker itself is stopping (shutdown): take the attempt down with it.
+            task.cancel()
+            handle.kill_children()
+            raise
+
+    async def _process(self, payload: dict[str, Any], job_id: str, user_uid: str | None) -> dict[str, Any]:
+        async with self._context() if self._context else nullcontext():
+            return await self.job.process(payload, user_uid=user_uid, job_id=job_id)
+
+    async def _supervise(self, task: asyncio.Task[dict[str, Any]], handle: RunHandle, attempt: int) -> Outcome:
+        soft_s = float(self.request_class.soft_timeout_seconds)
+        cancel_wait = asyncio.ensure_future(handle.cancel_requested.wait())
+        try:
+            await asyncio.wait({task, cancel_wait}, timeout=soft_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cancel_wait.cancel()
+        if task.done() and not handle.cancel_requested.is_set():
+            return self._finished(task, attempt)
+        canceled = handle.cancel_requested.is_set()
+        grace_s = self.stop.cancel_grace_s if canceled else self.stop.hard_timeout_grace_s
+        why = "cancel requested" if canceled else f"soft time limit of {soft_s:g}s exceeded"
+        phase = await self._stop(task, handle, why, grace_s)
+        if canceled:
+            return Outcome(JobStatus.CANCELED, error=f"canceled while running ({phase})")
+        if phase == "stopped cooperatively":
+            return self._failed(SoftTimeLimitExceeded(why), attempt)
+        hard_s = soft_s + grace_s
+        return Outcome(JobStatus.FAILURE, error=f"HardTimeLimitExceeded: hard time limit of {hard_s:g}s exceeded "
+                                                f"({phase})")
+
+    async def _stop(self, task: asyncio.Task[Any], handle: RunHandle, why: str, grace_s: float) -> str:
+        """Phase 1, then phase 2 if needed; says which one ended the attempt."""
+        if not task.done():
+            task.cancel(why)
+            await asyncio.wait({task}, timeout=grace_s)
+        if task.done():
+            _consume(task)
+            return "stopped cooperatively"
+        killed = handle.kill_children()
+        await asyncio.wait({task}, timeout=_AFTER_KILL_WAIT_S)
+        if task.done():
+            _consume(task)
+            return f"stopped hard after {grace_s:g}s: {killed} child process(es) killed"
+        logger.error("job %s ignores cancellation after %.1fs; abandoning its task", handle.job_id, grace_s)
+        task.add_done_callback(_consume)
+        return f"abandoned after {grace_s:g}s: the job ignores cancellation"
+
+    def _finished(self, task: asyncio.Task[dict[str, Any]], attempt: int) -> Outcome:
+        if task.cancelled():
+            # process() cancelled itself (or awaited something that was): treat as a failure.
+            return self._failed(asyncio.CancelledError("process() was cancelled"), attempt)
+        exc = task.exception()
+        if exc is not None:
             return self._failed(exc, attempt)
-        except Exception as exc:
-            return self._failed(exc, attempt)
-        return self._succeeded(result)
+        return self._succeeded(task.result())
 
     def _succeeded(self, result: object) -> Outcome:
         if result is None:
@@ -91,3 +170,9 @@ class JobRunner:
             error = f"{error} (gave up after {attempt} attempts)"
         logger.warning("job %s failed: %s", self.request_class.name, error, exc_info=exc)
         return Outcome(JobStatus.FAILURE, error=error)
+
+
+def _consume(task: asyncio.Task[Any]) -> None:
+    """Retrieve a stopped task's exception so asyncio does not log it as never retrieved."""
+    if not task.cancelled():
+        task.exception()

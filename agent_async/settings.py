@@ -42,6 +42,13 @@ class AgentSettings:
     retry_backoff_max_s: float = 300.0
     # Extra time after the soft limit before a run is stopped hard.
     hard_timeout_grace_s: float = 10.0
+    # After a cancel request: time a running job gets to stop on its own before it is stopped hard.
+    cancel_grace_s: float = 5.0
+    # A running job's lease; a worker renews it every third of it. A dead worker's jobs are
+    # noticed within lease + reconcile interval, whatever arq's timeouts are.
+    lease_s: float = 30.0
+    # On SIGTERM: stop taking jobs, give running ones this long, then hand them back.
+    shutdown_drain_s: float = 30.0
     # How often a worker looks for states that arq dropped without calling a hook.
     reconcile_interval_s: float = 5.0
     # Packages scanned by init_jobs(): <root>/<module>/jobs/*.py.
@@ -60,6 +67,9 @@ class AgentSettings:
         "retry_backoff_base_s": "AGENT_RETRY_BACKOFF_SECONDS",
         "retry_backoff_max_s": "AGENT_RETRY_BACKOFF_MAX_SECONDS",
         "hard_timeout_grace_s": "AGENT_HARD_TIMEOUT_GRACE_SECONDS",
+        "cancel_grace_s": "AGENT_CANCEL_GRACE_SECONDS",
+        "lease_s": "AGENT_LEASE_SECONDS",
+        "shutdown_drain_s": "AGENT_SHUTDOWN_DRAIN_SECONDS",
         "reconcile_interval_s": "AGENT_RECONCILE_INTERVAL_SECONDS",
         "job_packages": "AGENT_JOB_PACKAGES",
         "storage_type": "AGENT_STORAGE_TYPE",
@@ -81,6 +91,9 @@ class AgentSettings:
                     "must be >= the backoff base")
         self._check(self.hard_timeout_grace_s >= 0, "hard_timeout_grace_s", "must be >= 0")
         self._check(self.reconcile_interval_s > 0, "reconcile_interval_s", "must be > 0")
+        self._check(self.cancel_grace_s >= 0, "cancel_grace_s", "must be >= 0")
+        self._check(self.lease_s >= 0.3, "lease_s", "must be >= 0.3")
+        self._check(self.shutdown_drain_s >= 0, "shutdown_drain_s", "must be >= 0")
         self._check(all(p for p in self.job_packages), "job_packages", "empty package name")
         self._check(_STORAGE_TYPE_RE.match(self.storage_type) is not None, "storage_type",
                     "expected a lower-case backend name such as 'database'")

@@ -81,7 +81,7 @@ async def test_end_hook_that_never_succeeds_leaves_state_for_the_reconciler(
     assert await runs(redis, agent, job_id) == 1
     assert (await client.get_state(job_id)).status is JobStatus.STARTED  # type: ignore[union-attr]
     monkeypatch.setattr(agent.persistency, "transition", original)
-    assert await JobRecovery(agent).reconcile_dropped(idle_for_ms=0) == 1
+    assert await JobRecovery(agent).reconcile(idle_for_ms=0) == 1
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
     assert await agent.persistency.slots_held(agent.keys.gate(Gated.name, "u")) == 0
@@ -94,7 +94,7 @@ async def _dropped(drain: Drain, agent: Agent, client: ClientAgent, job_id: str)
     runs and the reconciler ends it.
     """
     await drain()
-    await JobRecovery(agent).reconcile_dropped(idle_for_ms=0)
+    await JobRecovery(agent).reconcile(idle_for_ms=0)
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE and state.error is not None
     assert state.attempts == 0, "the job never ran"
@@ -201,7 +201,7 @@ async def test_failed_finish_transaction_keeps_the_worker_alive(
     await redis.delete("wrongtype-" + agent.keys.namespace)
     states = {j: await client.get_state(j) for j in (first, second)}
     assert sorted(s.status for s in states.values() if s) == [JobStatus.STARTED, JobStatus.SUCCESS]
-    assert await JobRecovery(agent).reconcile_dropped(idle_for_ms=0) == 1
+    assert await JobRecovery(agent).reconcile(idle_for_ms=0) == 1
     for job_id in (first, second):
         assert (await client.get_state(job_id)).is_terminal  # type: ignore[union-attr]
     assert await runs(redis, agent, first) == 1 and await runs(redis, agent, second) == 1

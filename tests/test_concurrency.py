@@ -119,20 +119,22 @@ async def test_slot_released_when_the_engine_drops_the_job(drain: Drain, agent: 
     """A job arq drops without a hook (function unknown to the worker) still frees its slot."""
     job_id = await client.enqueue(NoWorker(), "u")
     await drain()
-    await JobRecovery(agent).reconcile_dropped(idle_for_ms=0)  # only the plain arq worker needs it
+    await JobRecovery(agent).reconcile(idle_for_ms=0)  # only the plain arq worker needs it
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
     assert await slots(agent, NoWorker.name, "u") == 0
 
 
 async def test_slot_ttl_is_a_safety_net(agent: Agent, client: ClientAgent, redis: Redis) -> None:
-    """A slot whose holder never ends expires after soft timeout + grace + 60 s."""
+    """A slot whose holder never ends expires after the longest possible run + 60 s."""
     job_id = await client.enqueue(Gated(), "u")
     gate_key = agent.keys.gate(Gated.name, "u")
     score = await redis.zscore(gate_key, job_id)
     state = await client.get_state(job_id)
     assert state is not None and score is not None
-    expected_ms = (Gated.soft_timeout_seconds + agent.settings.hard_timeout_grace_s + 60) * 1000
+    settings = agent.settings
+    longest_run_s = Gated.soft_timeout_seconds + max(settings.hard_timeout_grace_s, settings.cancel_grace_s) + 2
+    expected_ms = (longest_run_s + 60) * 1000
     assert score - state.created_ms == pytest.approx(expected_ms, abs=5)
     # Once that time has passed the slot no longer counts.
     await redis.zadd(gate_key, {job_id: 1})

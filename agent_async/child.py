@@ -1,0 +1,105 @@
+"""run_in_child: run blocking or CPU-bound work in a child process that cancellation can kill."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import signal
+from collections.abc import Callable
+from contextvars import ContextVar
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any, TypeVar
+
+from agent_async.errors import AgentError
+
+__all__ = ["ChildProcessLost", "RunHandle", "current_run", "run_in_child"]
+
+_T = TypeVar("_T")
+
+# forkserver: forking a clean server process is fast and never copies the worker's event loop,
+# sockets or threads into the child (plain fork can deadlock on them).
+_MP = multiprocessing.get_context("forkserver")
+
+
+class ChildProcessLost(AgentError):
+    """The child process ended without a result (killed by a signal, or crashed)."""
+
+
+@dataclass(eq=False)
+class RunHandle:
+    """One running attempt in a worker: how to stop it, and the child processes it owns."""
+
+    job_id: str
+    cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    children: set[BaseProcess] = field(default_factory=set)
+
+    def kill_children(self) -> int:
+        """SIGKILL every child still alive; returns how many were killed."""
+        killed = 0
+        for child in list(self.children):
+            if child.is_alive():
+                child.kill()
+                killed += 1
+        return killed
+
+
+# The attempt the current task belongs to; set by the runner around Job.process().
+current_run: ContextVar[RunHandle | None] = ContextVar("agent_async_current_run", default=None)
+
+
+def _child_main(conn: Connection, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+    # The worker's SIGINT (Ctrl-C in a terminal) must not kill children before the job decides.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        outcome: tuple[bool, Any] = (True, fn(*args, **kwargs))
+    except BaseException as exc:  # sent back to the parent, which re-raises it
+        outcome = (False, exc)
+    try:
+        conn.send(outcome)
+    finally:
+        conn.close()
+
+
+async def run_in_child(fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _T:
+    """Run `fn(*args, **kwargs)` in a fresh child process and return its result.
+
+    `fn`, its arguments and its result must be picklable (a module-level function). Cancelling
+    the awaiting task sends SIGTERM to the child; a job's phase-2 stop (cancel grace or hard time
+    limit exceeded) sends SIGKILL. Either way the child never outlives the attempt.
+    """
+    loop = asyncio.get_running_loop()
+    receiver, sender = _MP.Pipe(duplex=False)
+    child = _MP.Process(target=_child_main, args=(sender, fn, args, kwargs), daemon=True)
+    child.start()
+    sender.close()
+    handle = current_run.get()
+    if handle is not None:
+        handle.children.add(child)
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def on_readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(receiver.fileno(), on_readable)
+    try:
+        await ready
+        try:
+            ok, value = await asyncio.to_thread(receiver.recv)
+        except EOFError:
+            await asyncio.to_thread(child.join)
+            raise ChildProcessLost(f"child process ended without a result (exit code {child.exitcode})") from None
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+    except asyncio.CancelledError:
+        if child.is_alive():
+            child.terminate()
+        raise
+    finally:
+        loop.remove_reader(receiver.fileno())
+        receiver.close()
+        if handle is not None and not child.is_alive():
+            handle.children.discard(child)

@@ -1,0 +1,111 @@
+"""WorkerRuntime: what a worker process runs beside arq: leases, cancel requests, recovery."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
+
+from agent_async.child import RunHandle
+from agent_async.recovery import JobRecovery
+
+if TYPE_CHECKING:
+    from agent_async.agent import Agent
+
+__all__ = ["WorkerRuntime"]
+
+logger = logging.getLogger(__name__)
+
+# Waiting for a cancel message blocks at most this long, so a dead subscription is noticed.
+_LISTEN_TIMEOUT_S = 1.0
+# Pause before retrying a background loop that hit an error (Redis down, typically).
+_ERROR_PAUSE_S = 1.0
+
+
+class WorkerRuntime:
+    """Tracks the attempts running in this process and keeps three loops going:
+
+    - heartbeat: renews the leases of running jobs every third of the lease, and picks up cancel
+      requests (the fallback for a missed pub/sub message);
+    - cancel listener: a pub/sub subscription that stops a job within milliseconds of a cancel;
+    - recovery: JobRecovery at start-up, then every reconcile interval, under the recovery lock.
+    """
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.running: dict[str, RunHandle] = {}
+        self.recovery = JobRecovery(agent)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def track(self, job_id: str) -> RunHandle:
+        handle = RunHandle(job_id)
+        self.running[job_id] = handle
+        return handle
+
+    def untrack(self, job_id: str) -> None:
+        self.running.pop(job_id, None)
+
+    def request_cancel(self, job_id: str) -> bool:
+        handle = self.running.get(job_id)
+        if handle is None:
+            return False
+        handle.cancel_requested.set()
+        return True
+
+    async def start(self) -> None:
+        try:
+            settled = await self.recovery.reconcile_orphans()
+            if settled:
+                logger.warning("start-up recovery settled %d orphaned job(s)", settled)
+        except Exception:
+            logger.exception("start-up recovery failed; the periodic pass will retry")
+        settings = self.agent.settings
+        self._spawn(self._every(settings.lease_s / 3, self._heartbeat))
+        self._spawn(self._listen_for_cancels())
+        self._spawn(self._every(settings.reconcile_interval_s, self._reconcile))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+
+    def _spawn(self, coro: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _every(self, interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            try:
+                await step()
+            except Exception:
+                logger.exception("worker background step %s failed; retrying", step.__name__)
+
+    async def _heartbeat(self) -> None:
+        flagged = await self.agent.persistency.renew_leases(list(self.running))
+        for job_id in flagged:
+            self.request_cancel(job_id)
+
+    async def _reconcile(self) -> None:
+        await self.recovery.reconcile_orphans(lock_ttl_s=self.agent.settings.reconcile_interval_s)
+
+    async def _listen_for_cancels(self) -> None:
+        channel = self.agent.keys.cancel_channel
+        while True:
+            pubsub = self.agent.redis.pubsub(ignore_subscribe_messages=True)
+            try:
+                await pubsub.subscribe(channel)
+                while True:
+                    message = await pubsub.get_message(timeout=_LISTEN_TIMEOUT_S)
+                    if message is not None:
+                        self.request_cancel(message["data"].decode())
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.warning("cancel subscription lost; resubscribing", exc_info=True)
+                await asyncio.sleep(_ERROR_PAUSE_S)
+            finally:
+                await pubsub.aclose()  # type: ignore[no-untyped-call]
