@@ -218,9 +218,7 @@ async def test_delete_removes_the_blob_and_its_chunks(store: ClientStorageDataba
     await store.delete(ref)
     assert await store.load(ref) is None
     assert await store.open(ref) is None
-    rows = await run_sql(
-        "SELECT COUNT(*) FROM agent_async_blob_chunk WHERE blob_key = :k", {"k": key_of(ref)}
-    )
+    rows = await run_sql("SELECT COUNT(*) FROM agent_async_blob_chunk WHERE blob_key = :k", {"k": key_of(ref)})
     assert rows[0][0] == 0
     await store.delete(ref)
 
@@ -461,9 +459,7 @@ async def test_blob_larger_than_max_allowed_packet_round_trips_on_mariadb(mariad
         # New connections take the new global: a single statement carrying the blob is now refused.
         with pytest.raises(sqlalchemy.exc.DBAPIError):
             await run_sql("SELECT LENGTH(:b)", {"b": data})
-        store = ClientStorageDatabase(
-            unique_source(), database_url=mariadb_database, chunk_bytes=4 * packet_bytes
-        )
+        store = ClientStorageDatabase(unique_source(), database_url=mariadb_database, chunk_bytes=4 * packet_bytes)
         ref = await store.save(data, "application/octet-stream")
         assert await store.load(ref) == (data, "application/octet-stream")
         stream = await store.open(ref)

@@ -26,7 +26,11 @@ def test_cli_migrates_the_url_from_the_environment_and_is_idempotent(tmp_path: P
     for _ in range(2):
         done = subprocess.run(
             [sys.executable, "-m", "agent_async.storage.migrate"],
-            env=env, capture_output=True, text=True, timeout=60, check=False,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
         assert done.returncode == 0, done.stderr
     assert {"agent_async_blob", "agent_async_blob_chunk", "agent_async_alembic_version"} <= _tables(path)
@@ -39,7 +43,11 @@ def test_cli_url_option_wins(tmp_path: Path) -> None:
     env = {**os.environ, "AGENT_DATABASE_URL": f"sqlite+aiosqlite:///{ignored}", "PYTHONPATH": str(ROOT)}
     done = subprocess.run(
         [sys.executable, "-m", "agent_async.storage.migrate", "--url", f"sqlite+aiosqlite:///{chosen}"],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert done.returncode == 0, done.stderr
     assert "agent_async_blob" in _tables(chosen)

@@ -18,8 +18,17 @@ def test_reference_round_trips_its_key() -> None:
 
 @pytest.mark.parametrize(
     "value",
-    [None, 1, b"agent:file:" + b"a" * 32, "agent:file:" + "A" * 32, "agent:file:" + "a" * 31,
-     "agent:file:" + "a" * 32 + " ", " agent:file:" + "a" * 32, "sogo:file:" + "a" * 32, "z" * 10**6],
+    [
+        None,
+        1,
+        b"agent:file:" + b"a" * 32,
+        "agent:file:" + "A" * 32,
+        "agent:file:" + "a" * 31,
+        "agent:file:" + "a" * 32 + " ",
+        " agent:file:" + "a" * 32,
+        "sogo:file:" + "a" * 32,
+        "z" * 10**6,
+    ],
 )
 def test_is_reference_rejects_anything_but_the_exact_form(value: object) -> None:
     """is_reference accepts any object and is True only for `agent:file:<32 lowercase hex>`."""
