@@ -1,6 +1,7 @@
 """agent-async: asyncio-native job infrastructure on arq + Redis."""
 
 from agent_async.agent import Agent
+from agent_async.child import ChildProcessLost, run_in_child
 from agent_async.client import ClientAgent
 from agent_async.errors import (
     ERROR_JOB_CONCURRENT_LIMIT,
@@ -34,6 +35,7 @@ __all__ = [
     "Agent",
     "AgentError",
     "AgentSettings",
+    "ChildProcessLost",
     "ClientAgent",
     "ConfigurationError",
     "EnqueueError",
@@ -52,4 +54,5 @@ __all__ = [
     "agent_job",
     "init_jobs",
     "registry",
+    "run_in_child",
 ]

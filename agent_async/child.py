@@ -35,13 +35,18 @@ class RunHandle:
     cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
     children: set[BaseProcess] = field(default_factory=set)
 
+    def live_children(self) -> list[BaseProcess]:
+        return [child for child in self.children if child.is_alive()]
+
     def kill_children(self) -> int:
-        """SIGKILL every child still alive; returns how many were killed."""
+        """SIGKILL every child still alive and reap it; returns how many were killed."""
         killed = 0
-        for child in list(self.children):
-            if child.is_alive():
-                child.kill()
-                killed += 1
+        for child in self.live_children():
+            child.kill()
+            # SIGKILL cannot be caught: the join is immediate, and leaves no zombie behind.
+            child.join(timeout=1)
+            killed += 1
+        self.children.clear()
         return killed
 
 
@@ -91,6 +96,7 @@ async def run_in_child(fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _
         except EOFError:
             await asyncio.to_thread(child.join)
             raise ChildProcessLost(f"child process ended without a result (exit code {child.exitcode})") from None
+        await asyncio.to_thread(child.join)
         if not ok:
             raise value
         return value  # type: ignore[no-any-return]

@@ -24,6 +24,7 @@ JobContextFactory = Callable[[], AbstractAsyncContextManager[Any]]
 
 # After phase 2 (children killed) a task gets this long to finish before it is abandoned.
 _AFTER_KILL_WAIT_S = 1.0
+_CHILD_EXIT_POLL_S = 0.05
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +124,17 @@ class JobRunner:
 
     async def _stop(self, task: asyncio.Task[Any], handle: RunHandle, why: str, grace_s: float) -> str:
         """Phase 1, then phase 2 if needed; says which one ended the attempt."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace_s
         if not task.done():
             task.cancel(why)
             await asyncio.wait({task}, timeout=grace_s)
-        if task.done():
+        # Cancelling run_in_child sent SIGTERM: its child gets the rest of the grace to exit.
+        for _ in range(int(grace_s / _CHILD_EXIT_POLL_S) + 1):
+            if not handle.live_children() or loop.time() >= deadline:
+                break
+            await asyncio.sleep(_CHILD_EXIT_POLL_S)
+        if task.done() and not handle.live_children():
             _consume(task)
             return "stopped cooperatively"
         killed = handle.kill_children()

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 from arq.worker import Worker
 from redis.asyncio import Redis
 
-from agent_async import Agent, AgentSettings, ClientAgent, registry
+from agent_async import Agent, AgentSettings, ClientAgent, JobState, JobStatus, registry
 from agent_async.registry import JobRegistry
 
 REDIS_URL = os.environ.get("AGENT_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
@@ -29,6 +32,7 @@ def settings(namespace: str) -> AgentSettings:
         retry_backoff_base_s=0.01,
         retry_backoff_max_s=0.05,
         hard_timeout_grace_s=0.5,
+        cancel_grace_s=0.5,
         reconcile_interval_s=0.2,
     )
 
@@ -81,6 +85,29 @@ def drain(request: pytest.FixtureRequest, agent: Agent) -> Drain:
     """
 
     return lambda: run_burst(agent, request.param)
+
+
+@asynccontextmanager
+async def running_worker(agent: Agent, **overrides: Any) -> AsyncIterator[asyncio.Task[None]]:
+    """A worker serving in the background for the duration of the block."""
+    task = asyncio.create_task(agent.run_worker(poll_delay=0.005, **overrides))
+    try:
+        yield task
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def wait_for_status(agent: Agent, job_id: str, *statuses: JobStatus, timeout_s: float = 10) -> JobState:
+    """Poll a state until it has one of `statuses` (bounded: fails after `timeout_s`)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        state = await agent.persistency.get(job_id)
+        if state is not None and state.status in statuses:
+            return state
+        if asyncio.get_running_loop().time() > deadline:
+            pytest.fail(f"job {job_id} did not reach {statuses} within {timeout_s}s: {state}")
+        await asyncio.sleep(0.02)
 
 
 async def run_burst(agent: Agent, kind: str = "agent_worker") -> None:

@@ -6,7 +6,7 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from agent_async import Job, JobRequest, SoftTimeLimitExceeded, agent_job
+from agent_async import Job, JobRequest, SoftTimeLimitExceeded, agent_job, run_in_child
 
 
 async def record_run(job: Job, job_id: str) -> int:
@@ -181,3 +181,128 @@ class AmnesiaJob(Job):
         await record_run(self, job_id)
         await self.agent.redis.script_flush()
         return {"remembered": True}
+
+
+def spin_forever(marker_path: str) -> None:
+    """Blocking work that ignores SIGTERM: only SIGKILL stops it (runs in a child process)."""
+    import os
+    import signal
+    import time
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(marker_path, "w") as marker:
+        marker.write(str(os.getpid()))
+    while True:
+        time.sleep(0.01)
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+@dataclass
+class Stubborn(JobRequest):
+    """Runs blocking work in a killable child process that ignores polite termination."""
+
+    name: ClassVar[str] = "tests.stubborn"
+    max_concurrent: ClassVar[int] = 1
+    marker_path: str = ""
+
+
+@agent_job
+class StubbornJob(Job):
+    request_class = Stubborn
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        await record_run(self, job_id)
+        await run_in_child(spin_forever, payload["marker_path"])
+        return {}
+
+
+@dataclass
+class ChildSum(JobRequest):
+    name: ClassVar[str] = "tests.child_sum"
+
+
+@agent_job
+class ChildSumJob(Job):
+    request_class = ChildSum
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        return {"sum": await run_in_child(add, 2, 3)}
+
+
+@dataclass
+class Deaf(JobRequest):
+    """An async job that swallows cancellation: it can only be abandoned."""
+
+    name: ClassVar[str] = "tests.deaf"
+    soft_timeout_seconds: ClassVar[float] = 0.3
+
+
+@agent_job
+class DeafJob(Job):
+    request_class = Deaf
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        await record_run(self, job_id)
+        # 2.5 s: past its hard limit (soft 0.3 s + the tests' 0.5 s grace + 1 s), then it ends.
+        for _ in range(25):
+            try:
+                await asyncio.sleep(0.1)
+            except asyncio.CancelledError:
+                continue
+        return {}
+
+
+@dataclass
+class Resumable(JobRequest):
+    name: ClassVar[str] = "tests.resumable"
+    resume: ClassVar[bool] = True
+    max_try: ClassVar[int] = 2
+    max_concurrent: ClassVar[int] = 3
+
+
+@agent_job
+class ResumableJob(Job):
+    request_class = Resumable
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        return {"runs": await record_run(self, job_id)}
+
+
+@dataclass
+class NotResumable(JobRequest):
+    name: ClassVar[str] = "tests.not_resumable"
+    max_try: ClassVar[int] = 3
+    max_concurrent: ClassVar[int] = 3
+
+
+@agent_job
+class NotResumableJob(Job):
+    request_class = NotResumable
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        return {"runs": await record_run(self, job_id)}
+
+
+@dataclass
+class Sleeper(JobRequest):
+    """Sleeps cooperatively; records that its clean-up ran when cancelled."""
+
+    name: ClassVar[str] = "tests.sleeper"
+    max_concurrent: ClassVar[int] = 2
+    sleep_s: float = 30.0
+
+
+@agent_job
+class SleeperJob(Job):
+    request_class = Sleeper
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        await record_run(self, job_id)
+        try:
+            await asyncio.sleep(payload["sleep_s"])
+        finally:
+            await self.agent.redis.hset(runs_key(self.agent.keys.namespace) + ":cleanup", job_id, 1)
+        return {"slept": payload["sleep_s"]}
