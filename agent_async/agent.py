@@ -307,7 +307,12 @@ class Agent:
         return settings
 
     async def run_worker(self, *, burst: bool = False, **overrides: Any) -> None:
-        """Run a worker in the current event loop until stopped (or, with burst, until the queue is empty)."""
+        """Run a worker in the current event loop until stopped (or, with burst, until the queue is empty).
+
+        `handle_signals=True` lets arq own SIGINT/SIGTERM: stop taking jobs, drain for
+        shutdown_drain_s, then hand the rest back (per `resume`). By default the host owns signals
+        and stops the worker by cancelling this coroutine.
+        """
         kwargs = self.worker_settings(**{"burst": burst, "handle_signals": False, **overrides})
         worker = _AgentWorker(agent=self, **kwargs)
         try:
@@ -321,7 +326,7 @@ class Agent:
         while True:
             started = time.monotonic()
             try:
-                await worker.main()
+                await worker.async_run()
                 return
             except (RedisError, OSError) as exc:
                 if time.monotonic() - started > _REDIS_RETRY_MAX_S:
@@ -329,6 +334,8 @@ class Agent:
                 logger.warning("Redis error in the worker loop (%s); retrying in %.1fs", exc, delay_s)
                 await asyncio.sleep(delay_s)
                 delay_s = min(_REDIS_RETRY_MAX_S, delay_s * 2)
+                if isinstance(worker, _AgentWorker):
+                    await worker.recount_claims()
 
     def _runner(self, name: str) -> JobRunner:
         runner = self._runners.get(name)
@@ -483,6 +490,21 @@ class _AgentWorker(Worker):
         super().__init__(**kwargs)
         self._agent = agent
         self.ctx[_CTX_COMMIT_IN_FINISH] = True
+
+    async def recount_claims(self) -> None:
+        """Rebuild arq's job slot accounting after its loop died mid-claim.
+
+        arq's start_jobs takes a semaphore permit and counts the job before its Redis calls; an
+        error there leaks both, and enough leaks would leave a restarted loop unable to claim
+        any job. Recount from the runs actually in progress.
+        """
+        await asyncio.sleep(0)  # let the done-callbacks of finished runs release their permits
+        running = [task for task in self.tasks.values() if not task.done()]
+        semaphore = asyncio.BoundedSemaphore(self.max_jobs + 1)
+        for _ in running:
+            await semaphore.acquire()
+        self.sem = semaphore
+        self.job_counter = len(running)
 
     @property
     def pool(self) -> ArqRedis:

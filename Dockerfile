@@ -1,0 +1,18 @@
+# Image of the reference application: the same image runs the API, the workers and the migrations.
+FROM python:3.11-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1
+
+WORKDIR /srv
+COPY pyproject.toml README.md ./
+COPY agent_async ./agent_async
+COPY app ./app
+RUN pip install '.[app]' \
+    && useradd --system --home-dir /srv --shell /usr/sbin/nologin agent \
+    && mkdir -p /srv/data && chown agent /srv/data
+USER agent
+
+EXPOSE 8000
+CMD ["hypercorn", "app.asgi:app", "--bind", "0.0.0.0:8000"]

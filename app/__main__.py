@@ -1,0 +1,122 @@
+"""CLI: `python -m app {api,worker,migrate,token,demo}`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import signal
+import sys
+from collections.abc import Sequence
+
+from agent_async import AgentError
+from agent_async.storage.engine import describe, parse_url
+from app.settings import AppSettings
+
+logger = logging.getLogger("app")
+
+
+def _stop_event() -> asyncio.Event:
+    """An event set by SIGINT or SIGTERM, so servers shut down cleanly (lifespan, worker hooks)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    return stop
+
+
+async def _serve_api(settings: AppSettings, host: str, port: int) -> None:
+    from hypercorn.asyncio import serve
+    from hypercorn.config import Config
+
+    from app.factory import create_app
+
+    settings.require_secret()  # fail before binding, with the message naming AGENT_SECRET_KEY
+    config = Config()
+    config.bind = [f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = "-"
+    stop = _stop_event()
+    logger.info("API on http://%s:%d (OpenAPI at /openapi.json, docs at /docs)", host, port)
+    await serve(create_app(settings), config, shutdown_trigger=stop.wait)
+
+
+async def _run_worker(settings: AppSettings) -> None:
+    from app.factory import create_app
+    from app.runtime import EXTENSION_KEY, AppRuntime
+
+    runtime: AppRuntime = create_app(settings).extensions[EXTENSION_KEY]
+    stop = _stop_event()
+    worker = asyncio.create_task(runtime.agent.run_worker())
+    stopping = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({worker, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if worker in done:
+        stopping.cancel()
+        worker.result()  # re-raise why the worker ended
+        return
+    logger.info("worker stopping")
+    worker.cancel()
+    await asyncio.gather(worker, return_exceptions=True)
+
+
+def _migrate(settings: AppSettings) -> int:
+    from app.migrate import upgrade
+
+    upgrade(settings.agent.database_url)
+    print(f"migrated {describe(parse_url(settings.agent.database_url))}: blob store and app tables at head")
+    return 0
+
+
+def _token(settings: AppSettings, uid: str, admin: bool) -> int:
+    from app.auth import TokenSigner
+
+    signer = TokenSigner(settings.require_secret(), max_age_s=settings.token_max_age_s)
+    print(signer.issue(uid, admin=admin))
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m app", description="agent-async reference application")
+    commands = parser.add_subparsers(dest="command", required=True)
+    api = commands.add_parser("api", help="serve the HTTP API with hypercorn")
+    api.add_argument("--host", help="bind address (default: $AGENT_HOST or 127.0.0.1)")
+    api.add_argument("--port", type=int, help="port (default: $AGENT_PORT or 8000)")
+    commands.add_parser("worker", help="run a job worker (same as `arq app.worker.WorkerSettings`)")
+    commands.add_parser("migrate", help="create or upgrade the blob store and app tables")
+    token = commands.add_parser("token", help="print a bearer token for a user")
+    token.add_argument("uid", help="the user id the token carries")
+    token.add_argument("--admin", action="store_true", help="set the admin flag")
+    demo = commands.add_parser("demo", help="migrate, start API and worker, run a scripted scenario")
+    demo.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    demo.add_argument("--port", type=int, help="port (default: $AGENT_PORT or 8000; 0 picks a free one)")
+    demo.add_argument("--once", action="store_true", help="exit after the scenario instead of serving on")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        settings = AppSettings.from_env()
+        port = settings.port if getattr(args, "port", None) is None else args.port
+        if args.command == "api":
+            asyncio.run(_serve_api(settings, args.host or settings.host, port))
+            return 0
+        if args.command == "worker":
+            asyncio.run(_run_worker(settings))
+            return 0
+        if args.command == "migrate":
+            return _migrate(settings)
+        if args.command == "token":
+            return _token(settings, args.uid, args.admin)
+        from app.demo import run_demo
+
+        return run_demo(settings, host=args.host, port=port, once=args.once)
+    except AgentError as exc:
+        # Configuration and connection problems: one clear line, no traceback.
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

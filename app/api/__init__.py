@@ -1,0 +1,1 @@
+"""HTTP layer of the reference application: blueprints, request/response schemas, shared helpers."""

@@ -1,0 +1,61 @@
+"""Bearer tokens: signed with AGENT_SECRET_KEY by itsdangerous, carrying the user uid and an admin flag."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
+
+from app.errors import ApiError
+
+__all__ = ["Principal", "TokenSigner"]
+
+# Separates these tokens from anything else signed with the same key.
+_SALT = "agent-async.api-token.v1"
+_MAX_UID_CHARS = 255
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The authenticated caller: the only source of a user id in the API."""
+
+    uid: str
+    admin: bool = False
+
+
+class TokenSigner:
+    """Issues and checks bearer tokens; expired, tampered or malformed tokens raise a 401 ApiError."""
+
+    def __init__(self, secret_key: str, *, max_age_s: int) -> None:
+        self._serializer = URLSafeTimedSerializer(
+            secret_key, salt=_SALT, signer_kwargs={"digest_method": hashlib.sha256}
+        )
+        self.max_age_s = max_age_s
+
+    def issue(self, uid: str, *, admin: bool = False) -> str:
+        if not uid or len(uid) > _MAX_UID_CHARS or not uid.isprintable():
+            raise ValueError(f"uid must be 1-{_MAX_UID_CHARS} printable characters")
+        return self._serializer.dumps({"uid": uid, "adm": admin})
+
+    def verify(self, token: str) -> Principal:
+        try:
+            data: Any = self._serializer.loads(token, max_age=self.max_age_s)
+        except SignatureExpired:
+            raise ApiError(401, "token_expired", "the bearer token has expired; get a new one") from None
+        except BadSignature:
+            raise ApiError(401, "invalid_token", "the bearer token is not valid") from None
+        uid = data.get("uid") if isinstance(data, dict) else None
+        if not isinstance(uid, str) or not uid:
+            raise ApiError(401, "invalid_token", "the bearer token carries no user")
+        return Principal(uid=uid, admin=data.get("adm") is True)
+
+    def from_header(self, header: str | None) -> Principal:
+        """The caller named by an `Authorization: Bearer <token>` header."""
+        if not header:
+            raise ApiError(401, "missing_token", "send Authorization: Bearer <token>")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise ApiError(401, "invalid_token", "the Authorization header must be 'Bearer <token>'")
+        return self.verify(token.strip())

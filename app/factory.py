@@ -1,0 +1,127 @@
+"""create_app: the Quart application factory wiring settings, Agent, ClientAgent, auth, blueprints, OpenAPI."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Iterable
+from contextlib import asynccontextmanager
+from types import ModuleType
+
+from quart import Quart, Response, g, jsonify, request
+from quart_schema import Info, QuartSchema
+
+from agent_async import Agent, ClientAgent, Job, init_jobs, registry
+from agent_async.serializer import JobStateSerializerDict
+from app.api import jobs as jobs_api
+from app.auth import TokenSigner
+from app.errors import register_error_handlers
+from app.module.calendar import api as calendar_api
+from app.runtime import EXTENSION_KEY, AppRuntime
+from app.settings import AppSettings
+
+__all__ = ["OPENAPI_PATH", "PUBLIC_ENDPOINTS", "create_app"]
+
+logger = logging.getLogger(__name__)
+
+OPENAPI_PATH = "/openapi.json"
+DOCS_PATH = "/docs"
+# Documentation and the health probe need no token; every API endpoint does.
+PUBLIC_ENDPOINTS = frozenset({"openapi", "swagger_ui", "health"})
+
+
+def create_app(settings: AppSettings | None = None) -> Quart:
+    """Build the app; nothing connects until it serves (or a worker built from it starts)."""
+    settings = settings if settings is not None else AppSettings.from_env()
+    # The API imports every job module too: the serializer needs each Job's public_payload.
+    _ensure_registered(init_jobs(settings.agent.job_packages))
+
+    app = Quart(__name__, static_folder=None)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    QuartSchema(
+        app,
+        openapi_path=OPENAPI_PATH,
+        swagger_ui_path=DOCS_PATH,
+        redoc_ui_path=None,
+        scalar_ui_path=None,
+        info=Info(title="agent-async reference API", version="0.1.0"),
+        security_schemes={"bearer": {"type": "http", "scheme": "bearer"}},
+        security=[{"bearer": []}],
+    )
+    runtime = _build_runtime(app, settings)
+    app.extensions[EXTENSION_KEY] = runtime
+
+    @app.before_serving
+    async def start() -> None:
+        settings.require_secret()
+        await runtime.start_serving()
+
+    @app.after_serving
+    async def stop() -> None:
+        await runtime.stop_serving()
+
+    @app.before_request
+    async def authenticate() -> None:
+        if request.endpoint in PUBLIC_ENDPOINTS:
+            return
+        g.principal = runtime.require_signer().from_header(request.headers.get("Authorization"))
+
+    @app.get("/health")
+    async def health() -> Response:
+        """Readiness: 200 when Redis answers (compose health check), 503 otherwise."""
+        await runtime.agent.redis.ping()
+        return jsonify({"status": "ok"})
+
+    app.register_blueprint(jobs_api.blueprint)
+    app.register_blueprint(calendar_api.blueprint)
+    register_error_handlers(app)
+    return app
+
+
+def _build_runtime(app: Quart, settings: AppSettings) -> AppRuntime:
+    holder: list[AppRuntime] = []
+
+    async def worker_started(agent: Agent) -> None:
+        await holder[0].worker_started(agent)
+
+    async def worker_stopped(agent: Agent) -> None:
+        await holder[0].worker_stopped(agent)
+
+    @asynccontextmanager
+    async def job_context() -> AsyncIterator[None]:
+        # Every job a worker runs is wrapped in the app context: current_app, config and the engine.
+        async with app.app_context():
+            yield
+
+    agent = Agent(
+        settings.agent,
+        job_context=job_context,
+        on_worker_startup=(worker_started,),
+        on_worker_shutdown=(worker_stopped,),
+    )
+    signer = (
+        TokenSigner(settings.secret_key, max_age_s=settings.token_max_age_s) if settings.secret_key else None
+    )
+    runtime = AppRuntime(
+        settings=settings,
+        agent=agent,
+        client=ClientAgent(agent),
+        serializer=JobStateSerializerDict(agent),
+        signer=signer,
+    )
+    holder.append(runtime)
+    return runtime
+
+
+def _ensure_registered(modules: Iterable[ModuleType]) -> None:
+    # init_jobs imports each module once per process; if a test's registry.scoped() forgot its jobs
+    # since, importing again registers nothing. Re-add the Job classes the modules define.
+    for module in modules:
+        for value in vars(module).values():
+            if (
+                isinstance(value, type)
+                and issubclass(value, Job)
+                and value.__module__ == module.__name__
+                and "request_class" in value.__dict__
+            ):
+                registry.add_request(value.request_class)
+                registry.add_job(value)

@@ -1,0 +1,1 @@
+"""Revisions of the application's schema."""

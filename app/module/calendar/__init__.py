@@ -1,0 +1,1 @@
+"""Calendar module: calendars and events in SQL, ICS export and import through jobs."""

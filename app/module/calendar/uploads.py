@@ -1,0 +1,53 @@
+"""Reading an ICS upload at the API: raw `text/calendar` body or a multipart `file` part, decoded to text."""
+
+from __future__ import annotations
+
+import codecs
+
+from quart import Request
+
+from app.errors import ApiError
+
+__all__ = ["read_upload"]
+
+# Raw bodies accepted as an ICS upload; anything else must come as multipart/form-data.
+_RAW_TYPES = frozenset({"text/calendar", "text/plain", "application/octet-stream"})
+_FILE_FIELD = "file"
+
+
+async def read_upload(request: Request) -> str:
+    """The uploaded text; 415 for another media type, 422 when empty or not decodable."""
+    if request.mimetype == "multipart/form-data":
+        files = await request.files
+        upload = files.get(_FILE_FIELD)
+        if upload is None:
+            raise ApiError(422, "invalid_body", f"multipart upload without a '{_FILE_FIELD}' part")
+        data = upload.read()
+        charset = upload.mimetype_params.get("charset")
+    elif request.mimetype in _RAW_TYPES:
+        data = await request.get_data(as_text=False)
+        charset = request.mimetype_params.get("charset")
+    else:
+        raise ApiError(
+            415, "unsupported_media_type",
+            "send the ICS file as a text/calendar body or as multipart/form-data with a 'file' part",
+        )
+    if not data:
+        raise ApiError(422, "invalid_body", "the uploaded file is empty")
+    return _decode(data, charset)
+
+
+def _decode(data: bytes, charset: str | None) -> str:
+    name = (charset or "utf-8").lower()
+    try:
+        codecs.lookup(name)
+    except LookupError:
+        raise ApiError(422, "invalid_body", f"unknown charset {name!r}") from None
+    if name in ("utf-8", "utf8"):
+        name = "utf-8-sig"  # a leading BOM is not part of the calendar
+    try:
+        return data.decode(name)
+    except UnicodeDecodeError:
+        raise ApiError(
+            422, "invalid_body", f"the upload is not valid {charset or 'UTF-8'} text; declare its charset"
+        ) from None

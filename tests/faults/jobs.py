@@ -1,0 +1,97 @@
+"""Jobs for the fault-injection suite: short runs with an idempotent side effect keyed by job id."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from agent_async import Job, JobRequest, agent_job, run_in_child
+
+
+def effects_key(namespace: str) -> str:
+    return f"{namespace}:faults:effects"
+
+
+def runs_key(namespace: str) -> str:
+    return f"{namespace}:faults:runs"
+
+
+async def work_then_upsert(job: Job, job_id: str, duration_s: float) -> dict[str, Any]:
+    redis = job.agent.redis
+    namespace = job.agent.keys.namespace
+    await redis.hincrby(runs_key(namespace), job_id, 1)
+    await asyncio.sleep(duration_s)
+    # The side effect: an upsert keyed by job id, so a re-run cannot duplicate it.
+    await redis.hset(effects_key(namespace), job_id, "done")
+    return {"slept_s": duration_s}
+
+
+@dataclass
+class ResumeUpsert(JobRequest):
+    name: ClassVar[str] = "faults.resume_upsert"
+    resume: ClassVar[bool] = True
+    max_try: ClassVar[int] = 12  # more than the 10 kills: a job may be hit by several
+    max_concurrent: ClassVar[int] = 1000
+    soft_timeout_seconds: ClassVar[float] = 5
+    duration_s: float = 0.02
+
+
+@agent_job
+class ResumeUpsertJob(Job):
+    request_class = ResumeUpsert
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        return await work_then_upsert(self, job_id, payload["duration_s"])
+
+
+@dataclass
+class OnceUpsert(JobRequest):
+    name: ClassVar[str] = "faults.once_upsert"
+    resume: ClassVar[bool] = False
+    max_concurrent: ClassVar[int] = 1000
+    soft_timeout_seconds: ClassVar[float] = 5
+    duration_s: float = 0.02
+
+
+@agent_job
+class OnceUpsertJob(Job):
+    request_class = OnceUpsert
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        return await work_then_upsert(self, job_id, payload["duration_s"])
+
+
+def burn_cpu_ignoring_sigterm(seconds: float, marker_path: str) -> None:
+    import os
+    import signal
+    import time
+
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with open(marker_path, "w") as marker:
+        marker.write(str(os.getpid()))
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        sum(range(1000))
+
+
+@dataclass
+class Blocking(JobRequest):
+    name: ClassVar[str] = "faults.blocking"
+    seconds: float = 60.0
+    marker_path: str = ""
+
+
+@agent_job
+class BlockingJob(Job):
+    request_class = Blocking
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        await self.agent.redis.hincrby(runs_key(self.agent.keys.namespace), job_id, 1)
+        await run_in_child(burn_cpu_ignoring_sigterm, payload["seconds"], payload["marker_path"])
+        return {}
+
+
+def random_duration(rng: random.Random) -> float:
+    return rng.uniform(0.01, 0.08)

@@ -1,0 +1,232 @@
+"""Fault injection with real worker processes: SIGKILLs, cancel storms, a Redis restart, blocking work.
+
+Every loop is bounded in count and time. The figures each test measures are printed at the end of
+the run ("fault-injection figures: {...}").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import psutil
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from agent_async import Agent, AgentSettings, ClientAgent, JobState, JobStatus
+from tests.conftest import REDIS_URL
+from tests.faults.conftest import FIGURES, PrivateRedis
+from tests.faults.jobs import Blocking, OnceUpsert, ResumeUpsert, effects_key, runs_key
+
+pytestmark = pytest.mark.slow
+
+KILLS = 10
+JOBS = 200
+
+
+async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> float:
+    """Poll `check` until it holds; returns the time it took; fails the test after `timeout_s`."""
+    t0 = time.monotonic()
+    while not await check():
+        if time.monotonic() - t0 > timeout_s:
+            pytest.fail(f"{what}: not reached within {timeout_s}s")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - t0
+
+
+async def all_states(agent: Agent, ids: list[str]) -> list[JobState]:
+    states = await agent.persistency.get_many(ids)
+    assert all(s is not None for s in states), "a state vanished"
+    return [s for s in states if s is not None]
+
+
+async def kill_loop(agent: Agent, ids: list[str], workers: object, rng: random.Random) -> list[float]:
+    """SIGKILL the worker KILLS times at random moments, restarting it each time; returns, per
+    kill, how long until every job it was running had been taken back."""
+    proc = workers.start()  # type: ignore[attr-defined]
+    detections = []
+    for _ in range(KILLS):
+        await asyncio.sleep(rng.uniform(0.4, 0.9))
+        before = {s.job_id: s.attempts for s in await all_states(agent, ids) if s.status is JobStatus.STARTED}
+        workers.kill(proc)  # type: ignore[attr-defined]
+        killed_at = time.monotonic()
+        proc = workers.start()  # type: ignore[attr-defined]
+
+        async def taken_back(before: dict[str, int] = before) -> bool:
+            states = await agent.persistency.get_many(list(before))
+            return all(
+                s is not None and (s.status is not JobStatus.STARTED or s.attempts > before[s.job_id]) for s in states
+            )
+
+        await until(taken_back, 20, "jobs of a killed worker taken back")
+        if before:
+            detections.append(time.monotonic() - killed_at)
+    return detections
+
+
+async def settled(agent: Agent, ids: list[str]) -> bool:
+    return all(s.is_terminal for s in await all_states(agent, ids))
+
+
+async def test_sigkilled_workers_lose_nothing_with_resume(
+    agent: Agent, client: ClientAgent, redis: Redis, workers: object, namespace: str
+) -> None:
+    """200 resume=True jobs, 10 SIGKILLs: all SUCCESS, each side effect exactly once, no slot held,
+    nothing left non-terminal."""
+    rng = random.Random(2026)
+    ids = [await client.enqueue(ResumeUpsert(duration_s=rng.uniform(0.05, 0.3)), "u") for _ in range(JOBS)]
+    detections = await kill_loop(agent, ids, workers(namespace, REDIS_URL), rng)  # type: ignore[operator]
+    await until(lambda: settled(agent, ids), 60, "all jobs terminal")
+
+    states = await all_states(agent, ids)
+    lost = [s for s in states if s.status is not JobStatus.SUCCESS]
+    effects = await redis.hgetall(effects_key(namespace))
+    runs = {k.decode(): int(v) for k, v in (await redis.hgetall(runs_key(namespace))).items()}
+    leaked = await agent.persistency.slots_held(agent.keys.gate(ResumeUpsert.name, "u"))
+    FIGURES["sigkill_resume"] = {
+        "jobs": JOBS,
+        "kills": KILLS,
+        "lost": len(lost),
+        "duplicated_side_effects": len(effects) - len(set(effects)),
+        "leaked_slots": leaked,
+        "reruns": sum(n - 1 for n in runs.values()),
+        "max_detect_dead_worker_s": round(max(detections, default=0.0), 2),
+    }
+    assert lost == []
+    assert set(k.decode() for k in effects) == set(ids)
+    assert leaked == 0
+    assert await agent.persistency.active_job_ids() == []
+    assert max(detections) < agent.settings.reconcile_interval_s + 1.2 + 3, "dead worker noticed fast"
+
+
+async def test_sigkilled_workers_never_rerun_without_resume(
+    agent: Agent, client: ClientAgent, redis: Redis, workers: object, namespace: str
+) -> None:
+    """resume=False: every job ends SUCCESS or FAILURE (worker lost); none is left STARTED and none
+    ran twice."""
+    rng = random.Random(7)
+    ids = [await client.enqueue(OnceUpsert(duration_s=rng.uniform(0.05, 0.3)), "u") for _ in range(JOBS)]
+    detections = await kill_loop(agent, ids, workers(namespace, REDIS_URL), rng)  # type: ignore[operator]
+    await until(lambda: settled(agent, ids), 60, "all jobs terminal")
+
+    states = await all_states(agent, ids)
+    runs = {k.decode(): int(v) for k, v in (await redis.hgetall(runs_key(namespace))).items()}
+    lost = [s for s in states if s.status is JobStatus.FAILURE]
+    FIGURES["sigkill_no_resume"] = {
+        "jobs": JOBS,
+        "kills": KILLS,
+        "failed_worker_lost": len(lost),
+        "ran_twice": sum(n > 1 for n in runs.values()),
+        "leaked_slots": await agent.persistency.slots_held(agent.keys.gate(OnceUpsert.name, "u")),
+        "max_detect_dead_worker_s": round(max(detections, default=0.0), 2),
+    }
+    assert {s.status for s in states} <= {JobStatus.SUCCESS, JobStatus.FAILURE}
+    assert all(s.error is not None and s.error.startswith("WorkerLost") for s in lost)
+    assert max(runs.values()) == 1
+    assert FIGURES["sigkill_no_resume"]["leaked_slots"] == 0
+    assert lost, "the kills hit running jobs (otherwise this test proves nothing)"
+
+
+async def test_cancel_storm(agent: Agent, client: ClientAgent, workers: object, namespace: str) -> None:
+    """Two workers; 100 cancels at random points (queued, deferred, running, finished). Each ends
+    CANCELED or had finished; jobs enqueued afterwards all succeed (no stale cancel)."""
+    rng = random.Random(11)
+    group = workers(namespace, REDIS_URL)  # type: ignore[operator]
+    group.start()
+    group.start()
+    ids = []
+    for _ in range(300):
+        defer_s = rng.choice([0, 0, 0, rng.uniform(0.2, 1.5)])
+        ids.append(await client.enqueue(ResumeUpsert(duration_s=rng.uniform(0.05, 0.6)), "u", defer_s=defer_s))
+    targets = rng.sample(ids, 100)
+    running_stop_s: list[float] = []
+    outcomes: dict[JobStatus, int] = {}
+
+    async def cancel_later(job_id: str) -> None:
+        await asyncio.sleep(rng.uniform(0, 3))
+        before = await client.get_state(job_id)
+        t0 = time.monotonic()
+        after = await client.cancel(job_id)
+        assert after is not None
+        if before is not None and before.status is JobStatus.STARTED and after.status is JobStatus.CANCELED:
+            running_stop_s.append(time.monotonic() - t0)
+        outcomes[after.status] = outcomes.get(after.status, 0) + 1
+
+    await asyncio.gather(*(cancel_later(j) for j in targets))
+    await until(lambda: settled(agent, ids), 60, "all jobs terminal")
+    states = {s.job_id: s for s in await all_states(agent, ids)}
+    for job_id in targets:
+        assert states[job_id].status in (JobStatus.CANCELED, JobStatus.SUCCESS), states[job_id]
+    for job_id in set(ids) - set(targets):
+        assert states[job_id].status is JobStatus.SUCCESS, states[job_id]
+    later = [await client.enqueue(ResumeUpsert(duration_s=0.01), "u") for _ in range(50)]
+    await until(lambda: settled(agent, later), 30, "later jobs terminal")
+    assert {s.status for s in await all_states(agent, later)} == {JobStatus.SUCCESS}
+    FIGURES["cancel_storm"] = {
+        "cancels": len(targets),
+        "canceled": outcomes.get(JobStatus.CANCELED, 0),
+        "already_finished": outcomes.get(JobStatus.SUCCESS, 0),
+        "running_canceled": len(running_stop_s),
+        "max_cancel_to_canceled_running_s": round(max(running_stop_s, default=0.0), 3),
+        "leaked_slots": await agent.persistency.slots_held(agent.keys.gate(ResumeUpsert.name, "u")),
+    }
+    assert running_stop_s, "some cancels hit running jobs"
+    assert FIGURES["cancel_storm"]["leaked_slots"] == 0
+
+
+async def test_worker_survives_a_redis_restart(private_redis: PrivateRedis, workers: object, namespace: str) -> None:
+    """Redis restarted under a running worker: the worker reconnects and drains the whole queue."""
+    async with Agent(AgentSettings(redis_url=private_redis.url, namespace=namespace)) as agent:
+        client = ClientAgent(agent)
+        ids = [await client.enqueue(ResumeUpsert(duration_s=0.05)) for _ in range(150)]
+        group = workers(namespace, private_redis.url)  # type: ignore[operator]
+        proc = group.start()
+
+        async def some_done() -> bool:
+            return sum(s.status is JobStatus.SUCCESS for s in await all_states(agent, ids)) >= 20
+
+        await until(some_done, 30, "first jobs done")
+        private_redis.stop()
+        await asyncio.sleep(1.5)
+        private_redis.start()
+
+        async def all_done() -> bool:
+            try:
+                return all(s.status is JobStatus.SUCCESS for s in await all_states(agent, ids))
+            except (RedisConnectionError, ConnectionError, OSError):
+                return False
+
+        recovery_s = await until(all_done, 60, "queue drained after the restart")
+        assert proc.poll() is None, "the worker process is still running"
+        FIGURES["redis_restart"] = {"jobs": len(ids), "drained_after_restart_s": round(recovery_s, 2), "lost": 0}
+
+
+async def test_blocking_job_is_stopped_hard(
+    agent: Agent, client: ClientAgent, workers: object, namespace: str, tmp_path: Path
+) -> None:
+    """Blocking CPU work that ignores SIGTERM, in run_in_child: cancel stops it within grace + 2 s
+    and its process is gone."""
+    group = workers(namespace, REDIS_URL)  # type: ignore[operator]
+    group.start()
+    marker = tmp_path / "blocking.pid"
+    job_id = await client.enqueue(Blocking(seconds=60, marker_path=str(marker)))
+
+    async def started() -> bool:
+        return marker.exists() and bool(marker.read_text())
+
+    await until(started, 20, "blocking child running")
+    child = psutil.Process(int(marker.read_text()))
+    assert child.is_running()
+    t0 = time.monotonic()
+    state = await client.cancel(job_id)
+    stop_s = time.monotonic() - t0
+    assert state is not None and state.status is JobStatus.CANCELED
+    assert state.error is not None and "stopped hard" in state.error
+    grace_s = 0.5
+    assert stop_s < grace_s + 2
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+    FIGURES["blocking_cancel"] = {"cancel_to_canceled_s": round(stop_s, 2), "grace_s": grace_s}
