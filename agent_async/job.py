@@ -55,7 +55,21 @@ def agent_job(cls: _JobT) -> _JobT:
     if "process" not in {k for c in cls.__mro__[:-1] if c is not Job for k in c.__dict__}:
         raise JobDeclarationError(f"{where}: process() is not implemented")
     registry.add_job(cls)
+    cls.__agent_job__ = True  # type: ignore[attr-defined]
     return cls
+
+
+def _register_found(module: ModuleType) -> None:
+    """Register the module's jobs again: it may have been imported before a registry reset."""
+    for value in vars(module).values():
+        if (
+            isinstance(value, type)
+            and issubclass(value, Job)
+            and value.__module__ == module.__name__
+            and getattr(value, "__agent_job__", False)
+        ):
+            registry.add_request(value.request_class)
+            registry.add_job(value)
 
 
 def init_jobs(packages: Iterable[str] = ("app.module",)) -> list[ModuleType]:
@@ -78,6 +92,8 @@ def init_jobs(packages: Iterable[str] = ("app.module",)) -> list[ModuleType]:
                     continue
                 raise
             for job_module in pkgutil.iter_modules(getattr(jobs_pkg, "__path__", [])):
-                imported.append(importlib.import_module(f"{jobs_pkg_name}.{job_module.name}"))
+                module = importlib.import_module(f"{jobs_pkg_name}.{job_module.name}")
+                _register_found(module)
+                imported.append(module)
     logger.info("discovered %d job modules in %s", len(imported), ", ".join(packages))
     return imported

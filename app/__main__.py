@@ -46,17 +46,14 @@ async def _run_worker(settings: AppSettings) -> None:
     from app.runtime import EXTENSION_KEY, AppRuntime
 
     runtime: AppRuntime = create_app(settings).extensions[EXTENSION_KEY]
-    stop = _stop_event()
-    worker = asyncio.create_task(runtime.agent.run_worker())
-    stopping = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait({worker, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if worker in done:
-        stopping.cancel()
-        worker.result()  # re-raise why the worker ended
-        return
-    logger.info("worker stopping")
-    worker.cancel()
-    await asyncio.gather(worker, return_exceptions=True)
+    try:
+        # arq owns SIGINT/SIGTERM: stop taking jobs, let running ones finish within
+        # AGENT_SHUTDOWN_DRAIN_SECONDS, then hand the rest back according to their `resume`.
+        await runtime.agent.run_worker(handle_signals=True)
+    except asyncio.CancelledError:
+        logger.info("worker stopped")
+    finally:
+        await runtime.agent.close()
 
 
 def _migrate(settings: AppSettings) -> int:

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from types import ModuleType
 
 from quart import Quart, Response, g, jsonify, request
 from quart_schema import Info, QuartSchema
 
-from agent_async import Agent, ClientAgent, Job, init_jobs, registry
+from agent_async import Agent, ClientAgent, init_jobs
 from agent_async.serializer import JobStateSerializerDict
 from app.api import jobs as jobs_api
 from app.auth import TokenSigner
@@ -33,7 +32,7 @@ def create_app(settings: AppSettings | None = None) -> Quart:
     """Build the app; nothing connects until it serves (or a worker built from it starts)."""
     settings = settings if settings is not None else AppSettings.from_env()
     # The API imports every job module too: the serializer needs each Job's public_payload.
-    _ensure_registered(init_jobs(settings.agent.job_packages))
+    init_jobs(settings.agent.job_packages)
 
     app = Quart(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
@@ -110,18 +109,3 @@ def _build_runtime(app: Quart, settings: AppSettings) -> AppRuntime:
     )
     holder.append(runtime)
     return runtime
-
-
-def _ensure_registered(modules: Iterable[ModuleType]) -> None:
-    # init_jobs imports each module once per process; if a test's registry.scoped() forgot its jobs
-    # since, importing again registers nothing. Re-add the Job classes the modules define.
-    for module in modules:
-        for value in vars(module).values():
-            if (
-                isinstance(value, type)
-                and issubclass(value, Job)
-                and value.__module__ == module.__name__
-                and "request_class" in value.__dict__
-            ):
-                registry.add_request(value.request_class)
-                registry.add_job(value)

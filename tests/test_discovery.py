@@ -82,3 +82,19 @@ def test_broken_job_module_stops_discovery(package_root: tuple[Path, str], job_r
 def test_unknown_package_is_an_error(job_registry: JobRegistry) -> None:
     with pytest.raises(ModuleNotFoundError):
         init_jobs(["no_such_package_here.module"])
+
+
+def test_rediscovery_registers_again_after_a_registry_reset(
+    package_root: tuple[Path, str], job_registry: JobRegistry
+) -> None:
+    """A module imported before a registry reset (tests, app factories) is registered again by the
+    next init_jobs, although Python does not import it twice."""
+    root, pkg = package_root
+    add_module(root, "billing", {"invoice.py": JOB_SOURCE.format(name=f"{pkg}.again")})
+    with job_registry.scoped():
+        init_jobs([f"{pkg}.module"])
+        assert job_registry.job(f"{pkg}.again") is not None
+    assert job_registry.job(f"{pkg}.again") is None
+    init_jobs([f"{pkg}.module"])
+    assert job_registry.job(f"{pkg}.again") is not None
+    assert job_registry.request(f"{pkg}.again") is not None
