@@ -72,6 +72,20 @@ _CTX_COMMIT_IN_FINISH = "agent_async.commit_in_finish"
 # The script to prepend to arq's finish transaction, set only while that finish runs.
 _FINISH_SCRIPT: ContextVar[ScriptCall | None] = ContextVar("agent_async_finish_script", default=None)
 
+
+@dataclass(eq=False)
+class _Piggyback:
+    """A script riding on the next transaction arq opens in this task, and its reply."""
+
+    call: ScriptCall
+    sent: bool = False
+    reply: Any = None
+
+
+# The start transition riding on arq's pickup transaction (GET job, INCR tries), set only while
+# _AgentWorker.run_job runs; on_job_start reads the reply from it.
+_START_PIGGYBACK: ContextVar[_Piggyback | None] = ContextVar("agent_async_start", default=None)
+
 WorkerHook = Callable[["Agent"], Awaitable[None]]
 
 
@@ -402,9 +416,12 @@ class Agent:
     async def _on_job_start(self, ctx: dict[str, Any]) -> None:
         engine_id = ctx.get("job_id", "?")
         job_id = self.keys.job_id_from_engine(engine_id)
+        piggyback = _START_PIGGYBACK.get()
         try:
             if job_id is None:
                 ctx[_CTX_DECISION] = StartDecision(run=False, reason="not a job of this namespace")
+            elif piggyback is not None and piggyback.sent and not isinstance(piggyback.reply, Exception):
+                ctx[_CTX_DECISION] = self.persistency.parse_start(piggyback.reply)
             else:
                 ctx[_CTX_DECISION] = await self.persistency.start(job_id)
         except Exception:
@@ -448,7 +465,8 @@ class Agent:
         if job_id is None:
             return None
         status, error = dropped_outcome(_dropped_reason(result_data))
-        return self.persistency.transition_call(job_id, status, error=error)
+        # Under _AgentWorker the pickup transaction already marked it STARTED: undo that count.
+        return self.persistency.transition_call(job_id, status, error=error, undo_start=True)
 
     def _interrupted_outcome(self, decision: StartDecision, ctx: dict[str, Any]) -> Outcome:
         """arq cancelled the attempt itself: a worker shutdown past its drain time.
@@ -472,6 +490,49 @@ class _PoolWithScript:
         pipe = self._pool.pipeline(transaction=transaction, shard_hint=shard_hint)
         self._call.queue_on(pipe)
         return pipe
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+
+class _PipelineWithStart:
+    """arq's pickup pipeline with our start script queued first; arq sees only its own replies."""
+
+    def __init__(self, pipe: Pipeline, piggyback: _Piggyback) -> None:
+        self._pipe = pipe
+        self._piggyback = piggyback
+        piggyback.call.queue_on(pipe)
+        piggyback.sent = True
+
+    async def __aenter__(self) -> _PipelineWithStart:
+        await self._pipe.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self._pipe.__aexit__(*exc_info)  # type: ignore[no-untyped-call]
+
+    async def execute(self, raise_on_error: bool = True) -> list[Any]:
+        replies = await self._pipe.execute(raise_on_error=False)
+        self._piggyback.reply, rest = replies[0], replies[1:]
+        if raise_on_error:
+            for reply in rest:
+                if isinstance(reply, Exception):
+                    raise reply
+        return list(rest)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pipe, name)
+
+
+class _PoolWithStart:
+    """arq's pool, whose next pipeline carries our start script (see _AgentWorker.run_job)."""
+
+    def __init__(self, pool: ArqRedis, piggyback: _Piggyback) -> None:
+        self._pool = pool
+        self._piggyback = piggyback
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> _PipelineWithStart:
+        return _PipelineWithStart(self._pool.pipeline(transaction=transaction, shard_hint=shard_hint), self._piggyback)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pool, name)
@@ -509,8 +570,25 @@ class _AgentWorker(Worker):
     @property
     def pool(self) -> ArqRedis:
         base = cast(ArqRedis, self._pool)
+        start = _START_PIGGYBACK.get()
+        if start is not None and not start.sent:
+            return cast(ArqRedis, _PoolWithStart(base, start))
         call = _FINISH_SCRIPT.get()
         return cast(ArqRedis, _PoolWithScript(base, call)) if call is not None else base
+
+    async def run_job(self, job_id: str, score: int) -> None:
+        # The start transition rides on arq's first transaction of the run (GET job, INCR
+        # tries): one round trip less per job. If arq then drops the job before running it, our
+        # finish_failed_job ends the state.
+        own_id = self._agent.keys.job_id_from_engine(job_id)
+        if own_id is None:
+            await super().run_job(job_id, score)
+            return
+        token = _START_PIGGYBACK.set(_Piggyback(self._agent.persistency.start_call(own_id)))
+        try:
+            await super().run_job(job_id, score)
+        finally:
+            _START_PIGGYBACK.reset(token)
 
     async def finish_job(self, job_id: str, *args: Any) -> None:
         call = self._agent._commits.pop(job_id, None)

@@ -32,8 +32,15 @@ class RunHandle:
     """One running attempt in a worker: how to stop it, and the child processes it owns."""
 
     job_id: str
-    cancel_requested: asyncio.Event = field(default_factory=asyncio.Event)
+    cancel_requested: bool = False
     children: set[BaseProcess] = field(default_factory=set)
+    # Set by the runner while it waits on the attempt; wakes it up.
+    waker: Callable[[], None] | None = None
+
+    def request_cancel(self) -> None:
+        self.cancel_requested = True
+        if self.waker is not None:
+            self.waker()
 
     def live_children(self) -> list[BaseProcess]:
         return [child for child in self.children if child.is_alive()]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -140,7 +141,7 @@ return {attempts, h[2] or '', h[3]}
 
 # KEYS: state, active, leases, engine queue|'', engine job|''
 # ARGV: job id, new status, now ms, retention s, result json|'', error|'', allowed current
-#       statuses csv|'' (any non-terminal), engine job id|''
+#       statuses csv|'' (any non-terminal), engine job id|'', '1' to undo a start that never ran
 # A terminal state is never overwritten. Returns 1 if the transition happened, else 0.
 _TRANSITION = _LUA_HELPERS + _LUA_END + """
 local state, active, leases, queue, engine_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -153,6 +154,11 @@ if ARGV[7] ~= '' and not string.find(',' .. ARGV[7] .. ',', ',' .. current .. ',
 end
 if ARGV[5] ~= '' then redis.call('HSET', state, 'result', ARGV[5]) end
 if ARGV[6] == '' and h[2] then redis.call('HDEL', state, 'error') end
+if ARGV[9] == '1' and current == 'STARTED' then
+  -- Marked STARTED in the pickup transaction, but the engine dropped the job before running it.
+  redis.call('HINCRBY', state, 'attempts', -1)
+  redis.call('HDEL', state, 'started_ms')
+end
 if is_terminal(new_status) then
   end_job(state, active, leases, job_id, new_status, now, ARGV[4], ARGV[6])
 else
@@ -283,8 +289,8 @@ class JobPersistency:
         self.retention_s = retention_s
         self.lease_ms = lease_ms
         self._enqueue = LuaScript(_with_terminal(_ENQUEUE))
-        self._start = LuaScript(_with_terminal(_START))
-        self._transition = LuaScript(_with_terminal(_TRANSITION))
+        self._start = LuaScript(_with_terminal(_START), packed=True)
+        self._transition = LuaScript(_with_terminal(_TRANSITION), packed=True)
         self._cancel = LuaScript(_with_terminal(_CANCEL))
         self._orphan = LuaScript(_with_terminal(_ORPHAN))
 
@@ -342,14 +348,18 @@ class JobPersistency:
 
     async def start(self, job_id: str) -> StartDecision:
         """PENDING/RETRY -> STARTED, attempts + 1; refuses to start a terminal or unknown job."""
+        return self.parse_start(await run_script(self.redis, self.start_call(job_id)))
+
+    def start_call(self, job_id: str) -> ScriptCall:
+        """The start transition, built to be sent later (e.g. inside arq's own pickup transaction)."""
         now = now_ms()
         k = self.keys
-        reply = await run_script(
-            self.redis,
-            self._start(
-                [k.state(job_id), k.active_index, k.leases], [job_id, now, now + self.lease_ms, self.retention_s]
-            ),
+        return self._start(
+            [k.state(job_id), k.active_index, k.leases], [job_id, now, now + self.lease_ms, self.retention_s]
         )
+
+    @staticmethod
+    def parse_start(reply: Any) -> StartDecision:
         code = int(reply[0])
         if code == -1:
             return StartDecision(run=False, reason="no state")
@@ -357,9 +367,7 @@ class JobPersistency:
             return StartDecision(run=False, reason=f"already {reply[1].decode()}")
         if code == -3:
             return StartDecision(run=False, reason=f"redelivered after its worker was lost: {reply[1].decode()}")
-        return StartDecision(
-            run=True, attempts=code, user_uid=reply[1].decode() or None, name=reply[2].decode()
-        )
+        return StartDecision(run=True, attempts=code, user_uid=reply[1].decode() or None, name=reply[2].decode())
 
     async def transition(
         self,
@@ -396,6 +404,7 @@ class JobPersistency:
         error: str | None = None,
         only_from: Iterable[JobStatus] = (),
         engine_drop: tuple[str, str, str] | None = None,
+        undo_start: bool = False,
     ) -> ScriptCall:
         """The same transition, built to be sent later (e.g. inside arq's own finish transaction)."""
         queue, engine_key, engine_id = engine_drop or ("", "", "")
@@ -404,7 +413,7 @@ class JobPersistency:
             [
                 job_id, status.value, now_ms(), self.retention_s,
                 "" if result is None else codec.dumps(result), error or "",
-                ",".join(s.value for s in only_from), engine_id,
+                ",".join(s.value for s in only_from), engine_id, "1" if undo_start else "",
             ],
         )
 
@@ -475,11 +484,20 @@ class JobPersistency:
     async def list_by_schedule(self, schedule_name: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
         return await self._list(self.keys.schedule_index(schedule_name), offset, limit)
 
-    async def active_job_ids(self, *, idle_for_ms: int = 0) -> list[str]:
+    async def active_job_ids(
+        self, *, idle_for_ms: int = 0, offset: int = 0, limit: int | None = None
+    ) -> list[str]:
         """Non-terminal jobs whose last transition is at least `idle_for_ms` old, oldest first."""
         cutoff = now_ms() - idle_for_ms
-        ids = await self.redis.zrangebyscore(self.keys.active_index, "-inf", cutoff)
+        if limit is None:
+            ids = await self.redis.zrangebyscore(self.keys.active_index, "-inf", cutoff)
+        else:
+            ids = await self.redis.zrangebyscore(self.keys.active_index, "-inf", cutoff, start=offset, num=limit)
         return [i.decode() for i in ids]
+
+    async def expired_leases(self) -> list[str]:
+        """Running jobs whose worker stopped renewing their lease."""
+        return [i.decode() for i in await self.redis.zrangebyscore(self.keys.leases, "-inf", now_ms())]
 
     async def forget_inactive(self, job_ids: Sequence[str]) -> int:
         """Drop active-index entries whose state is terminal or gone (left by a failed script)."""

@@ -42,8 +42,13 @@ class JobRecovery:
     several workers are safe; the lock only avoids duplicated work.
     """
 
-    def __init__(self, agent: Agent) -> None:
+    def __init__(self, agent: Agent, *, page_size: int | None = None) -> None:
         self.agent = agent
+        # With a page size, each pass looks at the runs whose lease ran out plus one page of the
+        # active index, resuming where the last pass stopped: a pass costs the same with a
+        # backlog of a hundred jobs or of a million.
+        self.page_size = page_size
+        self._offset = 0
 
     async def reconcile_orphans(self, *, lock_ttl_s: float = 60.0) -> int | None:
         """One pass under the namespace's recovery lock (so one worker sweeps); None if held."""
@@ -60,9 +65,14 @@ class JobRecovery:
                 await redis.delete(lock)
 
     async def reconcile(self, *, idle_for_ms: int = _IDLE_GRACE_MS) -> int:
-        """Settle every active job that no worker or queue holds. Returns how many were settled."""
+        """Settle the active jobs that no worker or queue holds. Returns how many were settled."""
         persistency = self.agent.persistency
-        job_ids = await persistency.active_job_ids(idle_for_ms=idle_for_ms)
+        if self.page_size is None:
+            job_ids = await persistency.active_job_ids(idle_for_ms=idle_for_ms)
+        else:
+            page = await persistency.active_job_ids(idle_for_ms=idle_for_ms, offset=self._offset, limit=self.page_size)
+            self._offset = 0 if len(page) < self.page_size else self._offset + len(page)
+            job_ids = list(dict.fromkeys([*await persistency.expired_leases(), *page]))
         settled = 0
         for start in range(0, len(job_ids), _BATCH):
             batch = job_ids[start:start + _BATCH]

@@ -103,14 +103,10 @@ class JobRunner:
 
     async def _supervise(self, task: asyncio.Task[dict[str, Any]], handle: RunHandle, attempt: int) -> Outcome:
         soft_s = float(self.request_class.soft_timeout_seconds)
-        cancel_wait = asyncio.ensure_future(handle.cancel_requested.wait())
-        try:
-            await asyncio.wait({task, cancel_wait}, timeout=soft_s, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            cancel_wait.cancel()
-        if task.done() and not handle.cancel_requested.is_set():
+        await _first_of(task, handle, soft_s)
+        if task.done() and not handle.cancel_requested:
             return self._finished(task, attempt)
-        canceled = handle.cancel_requested.is_set()
+        canceled = handle.cancel_requested
         grace_s = self.stop.cancel_grace_s if canceled else self.stop.hard_timeout_grace_s
         why = "cancel requested" if canceled else f"soft time limit of {soft_s:g}s exceeded"
         phase = await self._stop(task, handle, why, grace_s)
@@ -178,6 +174,32 @@ class JobRunner:
             error = f"{error} (gave up after {attempt} attempts)"
         logger.warning("job %s failed: %s", self.request_class.name, error, exc_info=exc)
         return Outcome(JobStatus.FAILURE, error=error)
+
+
+async def _first_of(task: asyncio.Task[Any], handle: RunHandle, timeout_s: float) -> None:
+    """Wait until the task ends, a cancel is requested, or the timeout passes.
+
+    A hand-made asyncio.wait: it runs once per job, and asyncio.wait plus a task waiting on an
+    Event cost several times more.
+    """
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[None] = loop.create_future()
+
+    def wake(*_: object) -> None:
+        if not waiter.done():
+            waiter.set_result(None)
+
+    if handle.cancel_requested:
+        return
+    task.add_done_callback(wake)
+    handle.waker = wake
+    timer = loop.call_later(timeout_s, wake)
+    try:
+        await waiter
+    finally:
+        timer.cancel()
+        task.remove_done_callback(wake)
+        handle.waker = None
 
 
 def _consume(task: asyncio.Task[Any]) -> None:

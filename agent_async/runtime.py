@@ -19,6 +19,8 @@ logger = logging.getLogger(__name__)
 
 # Waiting for a cancel message blocks at most this long, so a dead subscription is noticed.
 _LISTEN_TIMEOUT_S = 1.0
+# Active jobs looked at per recovery pass (besides every run whose lease ran out).
+_RECOVERY_PAGE = 500
 # Pause before retrying a background loop that hit an error (Redis down, typically).
 _ERROR_PAUSE_S = 1.0
 
@@ -35,7 +37,7 @@ class WorkerRuntime:
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
         self.running: dict[str, RunHandle] = {}
-        self.recovery = JobRecovery(agent)
+        self.recovery = JobRecovery(agent, page_size=_RECOVERY_PAGE)
         self._tasks: set[asyncio.Task[None]] = set()
 
     def track(self, job_id: str) -> RunHandle:
@@ -50,7 +52,7 @@ class WorkerRuntime:
         handle = self.running.get(job_id)
         if handle is None:
             return False
-        handle.cancel_requested.set()
+        handle.request_cancel()
         return True
 
     async def start(self) -> None:

@@ -15,6 +15,7 @@ import asyncio
 import json
 import logging
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -131,7 +132,7 @@ async def drain(kind: str, namespace: str, redis_url: str, redis: Redis) -> tupl
     return elapsed, await commands_processed(redis) - before
 
 
-async def bare_arq(n: int, redis_url: str, redis: Redis) -> dict[str, float]:
+async def bare_arq(n: int, redis_url: str, redis: Redis, *, latency: bool) -> dict[str, float]:
     ns = f"bench-arq-{uuid.uuid4().hex[:8]}"
     pool: ArqRedis = await create_pool(
         RedisSettings.from_dsn(redis_url), job_serializer=wire_dumps, job_deserializer=wire_loads,
@@ -142,15 +143,18 @@ async def bare_arq(n: int, redis_url: str, redis: Redis) -> dict[str, float]:
         await asyncio.gather(*(pool.enqueue_job("noop") for _ in range(start, min(n, start + 200))))
     enqueue_cmds = await commands_processed(redis) - before
     elapsed, run_cmds = await drain("arq", ns, redis_url, redis)
-    start_lat = await start_latency(
-        "arq", ns, redis_url, redis, lambda: pool.enqueue_job("ping"), samples=100
-    )
+    start_lat = {}
+    if latency:
+        start_lat = await start_latency(
+            "arq", ns, redis_url, redis, lambda: pool.enqueue_job("ping"), samples=100
+        )
     await pool.aclose()
+    await clean(redis, ns)
     return {"jobs_per_s": n / elapsed, "enqueue_cmds_per_job": enqueue_cmds / n,
             "run_cmds_per_job": run_cmds / n, **start_lat}
 
 
-async def agent_side(n: int, redis_url: str, redis: Redis) -> dict[str, float]:
+async def agent_side(n: int, redis_url: str, redis: Redis, *, latency: bool) -> dict[str, float]:
     ns = f"bench-agent-{uuid.uuid4().hex[:8]}"
     async with Agent(AgentSettings(redis_url=redis_url, namespace=ns)) as agent:
         client = ClientAgent(agent)
@@ -161,19 +165,29 @@ async def agent_side(n: int, redis_url: str, redis: Redis) -> dict[str, float]:
         elapsed, run_cmds = await drain("agent", ns, redis_url, redis)
         states = await agent.persistency.list_for_user("bench", limit=n)
         succeeded = sum(1 for s in states if s.status == "SUCCESS")
-        # Enqueue latency, gate on: one call at a time.
-        samples = []
-        for _ in range(500):
-            t0 = time.perf_counter()
-            await client.enqueue(NoopGated(), "bench-latency")
-            samples.append((time.perf_counter() - t0) * 1000)
-        start_lat = await start_latency("agent", ns, redis_url, redis, lambda: client.enqueue(Ping()), samples=100)
-    return {
-        "jobs_per_s": n / elapsed, "succeeded": succeeded,
-        "enqueue_cmds_per_job": enqueue_cmds / n, "run_cmds_per_job": run_cmds / n,
-        "enqueue_p50_ms": percentile(samples, 50), "enqueue_p99_ms": percentile(samples, 99),
-        **start_lat,
-    }
+        figures = {"jobs_per_s": n / elapsed, "succeeded": succeeded,
+                   "enqueue_cmds_per_job": enqueue_cmds / n, "run_cmds_per_job": run_cmds / n}
+        if latency:
+            # Enqueue latency, gate on: one call at a time.
+            samples = []
+            for _ in range(500):
+                t0 = time.perf_counter()
+                await client.enqueue(NoopGated(), "bench-latency")
+                samples.append((time.perf_counter() - t0) * 1000)
+            figures["enqueue_p50_ms"] = percentile(samples, 50)
+            figures["enqueue_p99_ms"] = percentile(samples, 99)
+            figures.update(
+                await start_latency("agent", ns, redis_url, redis, lambda: client.enqueue(Ping()), samples=100)
+            )
+    await clean(redis, ns)
+    return figures
+
+
+async def clean(redis: Redis, namespace: str) -> None:
+    for pattern in (f"{namespace}:*", f"arq:*:{namespace}:*", f"{SIGNAL_LIST}:{namespace}"):
+        keys = [k async for k in redis.scan_iter(match=pattern, count=1000)]
+        for start in range(0, len(keys), 1000):
+            await redis.delete(*keys[start:start + 1000])
 
 
 async def start_latency(
@@ -186,8 +200,10 @@ async def start_latency(
         await enqueue()  # warm-up: the worker is up once this one has run
         await redis.blpop([signal_list], timeout=30)
         latencies = []
+        rng = random.Random(0)
         for _ in range(samples):
-            await asyncio.sleep(0.02)  # let the worker go idle between samples
+            # Let the worker go idle; a random pause so samples do not lock onto the poll phase.
+            await asyncio.sleep(rng.uniform(0.02, 0.03))
             t0 = time.time()
             await enqueue()
             reply = await redis.blpop([signal_list], timeout=10)
@@ -206,23 +222,32 @@ def percentile(values: list[float], pct: int) -> float:
 
 async def main(args: argparse.Namespace) -> None:
     redis = Redis.from_url(args.redis_url)
-    arq_figures = await bare_arq(args.jobs, args.redis_url, redis)
-    print(f"bare arq:    {arq_figures['jobs_per_s']:8.0f} jobs/s  "
-          f"start p50 {arq_figures['start_latency_p50_ms']:.2f} ms  "
+    # Paired rounds, arq then agent, and medians: this machine's noise moves either side by 20%.
+    rounds = []
+    for i in range(args.rounds):
+        last = i == args.rounds - 1
+        arq_round = await bare_arq(args.jobs, args.redis_url, redis, latency=last)
+        agent_round = await agent_side(args.jobs, args.redis_url, redis, latency=last)
+        ratio = agent_round["jobs_per_s"] / arq_round["jobs_per_s"]
+        print(f"round {i + 1}: bare arq {arq_round['jobs_per_s']:6.0f} jobs/s, agent_async "
+              f"{agent_round['jobs_per_s']:6.0f} jobs/s ({agent_round['succeeded']:.0f}/{args.jobs} SUCCESS), "
+              f"ratio {ratio:.3f}")
+        rounds.append((arq_round, agent_round, ratio))
+    arq_figures, agent_figures, _ = rounds[-1]
+    print(f"bare arq:    start p50 {arq_figures['start_latency_p50_ms']:.2f} ms, "
           f"{arq_figures['enqueue_cmds_per_job']:.1f} enqueue + {arq_figures['run_cmds_per_job']:.1f} run cmds/job")
-    agent_figures = await agent_side(args.jobs, args.redis_url, redis)
-    print(f"agent_async: {agent_figures['jobs_per_s']:8.0f} jobs/s  "
-          f"start p50 {agent_figures['start_latency_p50_ms']:.2f} ms  "
-          f"{agent_figures['enqueue_cmds_per_job']:.1f} enqueue + "
-          f"{agent_figures['run_cmds_per_job']:.1f} run cmds/job  "
-          f"({agent_figures['succeeded']}/{args.jobs} SUCCESS)")
+    print(f"agent_async: start p50 {agent_figures['start_latency_p50_ms']:.2f} ms, "
+          f"{agent_figures['enqueue_cmds_per_job']:.1f} enqueue + {agent_figures['run_cmds_per_job']:.1f} run cmds/job "
+          "(Lua-internal calls counted)")
     await redis.aclose()
     r2 = lambda v: round(v, 2)  # noqa: E731
     print(json.dumps({
         "jobs": args.jobs,
-        "arq_jobs_per_s": round(arq_figures["jobs_per_s"]),
-        "agent_jobs_per_s": round(agent_figures["jobs_per_s"]),
-        "ratio": round(agent_figures["jobs_per_s"] / arq_figures["jobs_per_s"], 3),
+        "rounds": args.rounds,
+        "arq_jobs_per_s": round(statistics.median(r[0]["jobs_per_s"] for r in rounds)),
+        "agent_jobs_per_s": round(statistics.median(r[1]["jobs_per_s"] for r in rounds)),
+        "ratio": round(statistics.median(r[2] for r in rounds), 3),
+        "ratio_per_round": [round(r[2], 3) for r in rounds],
         "enqueue_p50_ms": r2(agent_figures["enqueue_p50_ms"]),
         "enqueue_p99_ms": r2(agent_figures["enqueue_p99_ms"]),
         "start_latency_p50_ms": r2(agent_figures["start_latency_p50_ms"]),
@@ -237,6 +262,7 @@ async def main(args: argparse.Namespace) -> None:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=5000)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--redis-url", default=os.environ.get("AGENT_REDIS_URL", "redis://127.0.0.1:6379/0"))
     parser.add_argument("--worker", choices=["arq", "agent"])
     parser.add_argument("--namespace")

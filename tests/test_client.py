@@ -20,7 +20,7 @@ from agent_async import (
     QueueUnavailableError,
     RequestException,
 )
-from tests.conftest import Drain
+from tests.conftest import Drain, run_burst
 from tests.jobs import Echo, Gated, runs_key
 
 
@@ -125,10 +125,12 @@ async def test_cancel_is_idempotent_and_leaves_terminal_jobs_alone(
     assert await client.cancel("no-such-id") is None
 
 
-async def test_cancel_of_a_claimed_job_is_honoured_at_start(
-    drain: Drain, agent: Agent, client: ClientAgent, redis: Redis
-) -> None:
-    """A cancel that lands after arq claimed the job but before it started: the job is skipped."""
+async def test_cancel_of_a_claimed_job_is_honoured_at_start(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+    """A cancel that lands after arq claimed the job but before it started: the job is skipped.
+
+    Only the plain arq worker has that window (START is its own call there); the agent worker
+    records STARTED in arq's pickup transaction itself, so a later cancel is a running-job cancel.
+    """
     job_id = await client.enqueue(Echo(text="late"))
     original_start = agent.persistency.start
 
@@ -137,6 +139,6 @@ async def test_cancel_of_a_claimed_job_is_honoured_at_start(
         return await original_start(jid)
 
     agent.persistency.start = cancel_then_start  # type: ignore[method-assign]
-    await drain()
+    await run_burst(agent, "arq_cli_worker")
     assert await redis.hget(runs_key(agent.keys.namespace), job_id) is None
     assert (await client.get_state(job_id)).status is JobStatus.CANCELED  # type: ignore[union-attr]

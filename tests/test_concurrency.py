@@ -88,14 +88,15 @@ async def test_slot_held_across_retries_and_released_at_the_end(
     monkeypatch.setattr(Flaky, "max_concurrent", 1)
     job_id = await client.enqueue(Flaky(fail_times=1), "u")
     seen_at_start: list[int] = []
-    original = agent.persistency.start
+    runner = agent._runner(Flaky.name)
+    original = runner.run
 
-    async def spy(job: str):  # type: ignore[no-untyped-def]
+    async def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
         # Before attempt 2 the state was RETRY: the slot must still be held then.
         seen_at_start.append(await slots(agent, Flaky.name, "u"))
-        return await original(job)
+        return await original(*args, **kwargs)
 
-    monkeypatch.setattr(agent.persistency, "start", spy)
+    monkeypatch.setattr(runner, "run", spy)
     await drain()
     assert seen_at_start == [1, 1]
     assert (await client.get_state(job_id)).status is JobStatus.SUCCESS  # type: ignore[union-attr]

@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 from agent_async import Agent, ClientAgent, JobStatus
 from agent_async.recovery import JobRecovery
 from tests.conftest import Drain, run_burst, running_worker, wait_for_status
-from tests.jobs import NotResumable, Resumable, Sleeper, runs_key
+from tests.jobs import Echo, NotResumable, Resumable, Sleeper, runs_key
 
 
 async def lose_worker(agent: Agent, redis: Redis, job_id: str) -> None:
@@ -148,3 +148,23 @@ async def test_heartbeat_keeps_a_long_job_alive(agent: Agent) -> None:
         assert await JobRecovery(short).reconcile(idle_for_ms=0) == 0
         state = await wait_for_status(short, job_id, JobStatus.SUCCESS)
     assert state.attempts == 1
+
+
+async def test_paged_passes_cover_the_whole_backlog(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+    """A worker's pass looks at one page of the active index (plus every expired lease), resuming
+    where it stopped: a backlog costs the same per pass, and every job is still looked at."""
+    ids = [await client.enqueue(Resumable()) for _ in range(3)] + [await client.enqueue(Echo()) for _ in range(4)]
+    for job_id in ids:  # all lost from arq's queue
+        queue, job_key, engine_id = agent.engine_drop(job_id)
+        await redis.zrem(queue, engine_id)
+        await redis.delete(job_key)
+    lost_runner = await client.enqueue(NotResumable())
+    await lose_worker(agent, redis, lost_runner)
+    recovery = JobRecovery(agent, page_size=3)
+    first = await recovery.reconcile(idle_for_ms=0)
+    assert first == 4, "one page of 3 plus the expired lease"
+    assert (await client.get_state(lost_runner)).status is JobStatus.FAILURE  # type: ignore[union-attr]
+    total = first
+    for _ in range(4):
+        total += await recovery.reconcile(idle_for_ms=0)
+    assert total == len(ids) + 1

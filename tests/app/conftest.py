@@ -28,7 +28,7 @@ from tests.conftest import REDIS_URL
 
 SECRET = "test-secret-key-0123456789abcdef"
 MAX_BODY_BYTES = 256 * 1024
-PG_ADMIN_URL = os.environ.get("AGENT_TEST_PG_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
+PG_ADMIN_URL = os.environ.get("AGENT_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test")
 
 
 async def _pg_admin(statement: str) -> None:
