@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import time
+from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
 
@@ -15,6 +17,8 @@ __all__ = ["Principal", "TokenSigner"]
 # Separates these tokens from anything else signed with the same key.
 _SALT = "agent-async.api-token.v1"
 _MAX_UID_CHARS = 255
+# Verified tokens remembered (least recently added dropped first).
+_VERIFIED_CACHE_SIZE = 10_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -28,11 +32,15 @@ class Principal:
 class TokenSigner:
     """Issues and checks bearer tokens; expired, tampered or malformed tokens raise a 401 ApiError."""
 
-    def __init__(self, secret_key: str, *, max_age_s: int) -> None:
+    def __init__(self, secret_key: str, *, max_age_s: int, clock: Callable[[], float] = time.time) -> None:
         self._serializer = URLSafeTimedSerializer(
             secret_key, salt=_SALT, signer_kwargs={"digest_method": hashlib.sha256}
         )
         self.max_age_s = max_age_s
+        self._clock = clock
+        # token -> (principal, expiry): a client polls with the same token, so its HMAC check is
+        # done once; the entry still expires when the token does.
+        self._verified: OrderedDict[str, tuple[Principal, float]] = OrderedDict()
 
     def issue(self, uid: str, *, admin: bool = False) -> str:
         if not uid or len(uid) > _MAX_UID_CHARS or not uid.isprintable():
@@ -40,8 +48,18 @@ class TokenSigner:
         return self._serializer.dumps({"uid": uid, "adm": admin})
 
     def verify(self, token: str) -> Principal:
+        cached = self._verified.get(token)
+        if cached is not None and cached[1] > self._clock():
+            return cached[0]
+        principal, issued_at_s = self._verify_signature(token)
+        self._verified[token] = (principal, issued_at_s + self.max_age_s)
+        if len(self._verified) > _VERIFIED_CACHE_SIZE:
+            self._verified.popitem(last=False)
+        return principal
+
+    def _verify_signature(self, token: str) -> tuple[Principal, float]:
         try:
-            data: Any = self._serializer.loads(token, max_age=self.max_age_s)
+            data, issued_at = self._serializer.loads(token, max_age=self.max_age_s, return_timestamp=True)
         except SignatureExpired:
             raise ApiError(401, "token_expired", "the bearer token has expired; get a new one") from None
         except BadSignature:
@@ -49,7 +67,7 @@ class TokenSigner:
         uid = data.get("uid") if isinstance(data, dict) else None
         if not isinstance(uid, str) or not uid:
             raise ApiError(401, "invalid_token", "the bearer token carries no user")
-        return Principal(uid=uid, admin=data.get("adm") is True)
+        return Principal(uid=uid, admin=data.get("adm") is True), float(issued_at.timestamp())
 
     def from_header(self, header: str | None) -> Principal:
         """The caller named by an `Authorization: Bearer <token>` header."""

@@ -143,3 +143,20 @@ async def test_health_is_public(api: Api, redis: Redis) -> None:
     """GET /health needs no token and answers 200 while Redis is up (compose health check)."""
     response = await api.client.get("/health")
     assert response.status_code == 200 and await response.get_json() == {"status": "ok"}
+
+
+def test_verified_token_cache_still_honours_expiry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A token is verified once and then served from a cache, but never past its expiry."""
+    from app.errors import ApiError
+
+    issued_s = int(time.time()) - 59
+    with monkeypatch.context() as patch:
+        patch.setattr(TimestampSigner, "get_timestamp", lambda self: issued_s)
+        signer = TokenSigner("a-secret-key-for-cache-test", max_age_s=60)
+        token = signer.issue("alice")
+    assert signer.verify(token).uid == "alice"
+    assert token in signer._verified
+    time.sleep(1.2)
+    with pytest.raises(ApiError) as caught:
+        signer.verify(token)
+    assert caught.value.code == "token_expired"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -230,3 +231,32 @@ async def test_blocking_job_is_stopped_hard(
     assert stop_s < grace_s + 2
     assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
     FIGURES["blocking_cancel"] = {"cancel_to_canceled_s": round(stop_s, 2), "grace_s": grace_s}
+
+
+async def test_sigterm_drains_then_hands_back_per_resume(
+    agent: Agent, client: ClientAgent, workers: object, namespace: str
+) -> None:
+    """SIGTERM: the worker stops taking jobs, lets running ones finish within the drain time (2 s
+    here), then hands the rest back: a resume=True job runs again on the next worker, a
+    resume=False one ends FAILURE; nothing stays STARTED."""
+    group = workers(namespace, REDIS_URL)  # type: ignore[operator]
+    proc = group.start()
+    short = await client.enqueue(OnceUpsert(duration_s=0.5))
+    long_resume = await client.enqueue(ResumeUpsert(duration_s=4))
+    long_once = await client.enqueue(OnceUpsert(duration_s=4))
+
+    async def all_started() -> bool:
+        return all(s.status is JobStatus.STARTED for s in await all_states(agent, [short, long_resume, long_once]))
+
+    await until(all_started, 20, "three jobs running")
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=15)
+    states = {s.job_id: s for s in await all_states(agent, [short, long_resume, long_once])}
+    assert states[short].status is JobStatus.SUCCESS, "finished within the drain time"
+    assert states[long_once].status is JobStatus.FAILURE
+    assert states[long_once].error == "WorkerShutdown: interrupted by worker shutdown (resume is off)"
+    assert states[long_resume].status is JobStatus.PENDING
+    group.start()
+    await until(lambda: settled(agent, [long_resume]), 20, "handed-back job run again")
+    resumed = await client.get_state(long_resume)
+    assert resumed is not None and resumed.status is JobStatus.SUCCESS and resumed.attempts == 2
