@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import logging
 from pathlib import Path
 
@@ -12,6 +10,7 @@ from alembic.config import Config
 from sqlalchemy.engine import URL, Connection
 
 from agent_async.storage import upgrade_async as upgrade_storage_async
+from agent_async.storage.alembic_env import run_sync
 from agent_async.storage.engine import describe, parse_url
 from app.db import create_app_engine
 
@@ -51,10 +50,4 @@ async def upgrade_async(database_url: str | URL, revision: str = "head") -> None
 
 def upgrade(database_url: str | URL, revision: str = "head") -> None:
     """Synchronous upgrade_async; runs in a thread when called from inside an event loop."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        asyncio.run(upgrade_async(database_url, revision))
-        return
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        pool.submit(asyncio.run, upgrade_async(database_url, revision)).result()
+    run_sync(upgrade_async(database_url, revision))

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
-import concurrent.futures
 import logging
 import os
 import sys
@@ -16,6 +14,7 @@ from alembic.config import Config
 from sqlalchemy.engine import URL, Connection
 
 from agent_async.settings import AgentSettings
+from agent_async.storage.alembic_env import run_sync
 from agent_async.storage.engine import create_engine, describe, parse_url, translate_errors
 
 __all__ = ["HEAD", "MIGRATIONS_DIR", "alembic_config", "main", "upgrade", "upgrade_async"]
@@ -62,13 +61,7 @@ async def upgrade_async(database_url: str | URL, revision: str = HEAD) -> None:
 
 def upgrade(database_url: str | URL, revision: str = HEAD) -> None:
     """Synchronous `upgrade_async`; safe to call from inside a running event loop (runs in a thread)."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        asyncio.run(upgrade_async(database_url, revision))
-        return
-    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-        pool.submit(asyncio.run, upgrade_async(database_url, revision)).result()
+    run_sync(upgrade_async(database_url, revision))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,44 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-from typing import Any
-
-from alembic import context
-from sqlalchemy.engine import Connection
-
+from agent_async.storage.alembic_env import run_environment
 from agent_async.storage.engine import create_engine, parse_url
 from agent_async.storage.schema import VERSION_TABLE, metadata
 
-config = context.config
-
-
-def _configure(**kwargs: Any) -> None:
-    context.configure(target_metadata=metadata, version_table=VERSION_TABLE, **kwargs)
-
-
-def _run_on(connection: Connection) -> None:
-    _configure(connection=connection)
-    with context.begin_transaction():
-        context.run_migrations()
-
-
-async def _run_with_own_engine() -> None:
-    engine = create_engine(parse_url(config.get_main_option("sqlalchemy.url") or ""))
-    try:
-        async with engine.connect() as conn:
-            await conn.run_sync(_run_on)
-            await conn.commit()
-    finally:
-        await engine.dispose()
-
-
-if context.is_offline_mode():
-    _configure(url=config.get_main_option("sqlalchemy.url"), literal_binds=True)
-    with context.begin_transaction():
-        context.run_migrations()
-elif (shared := config.attributes.get("connection")) is not None:
-    # upgrade()/upgrade_async() hand over a sync view of their async connection.
-    _run_on(shared)
-else:
-    asyncio.run(_run_with_own_engine())
+run_environment(metadata=metadata, version_table=VERSION_TABLE, make_engine=lambda url: create_engine(parse_url(url)))
