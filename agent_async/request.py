@@ -7,11 +7,10 @@ import types
 import typing
 from typing import Any, ClassVar, Self
 
-from croniter import croniter
-
 from agent_async import codec
 from agent_async.errors import ERROR_JOB_PAYLOAD_INVALID, JobDeclarationError, RequestException
 from agent_async.registry import registry
+from agent_async.schedule import cron_problem
 
 __all__ = ["JobRequest"]
 
@@ -87,14 +86,12 @@ def _check_metadata(cls: type[JobRequest]) -> None:
         isinstance(t, type) and issubclass(t, BaseException) for t in cls.retry_for
     ):
         problems.append(f"retry_for must be a tuple of exception classes, got {cls.retry_for!r}")
-    if cls.cron is not None and not _is_five_field_cron(cls.cron):
-        problems.append(f"cron {cls.cron!r} is not a valid 5-field cron expression")
+    if cls.cron is not None:
+        why = cron_problem(cls.cron) if isinstance(cls.cron, str) else "not a string"
+        if why is not None:
+            problems.append(f"cron {cls.cron!r} is not a valid 5-field cron expression ({why})")
     if problems:
         raise JobDeclarationError(f"{cls.__module__}.{cls.__qualname__}: " + "; ".join(problems))
-
-
-def _is_five_field_cron(expr: object) -> bool:
-    return isinstance(expr, str) and len(expr.split()) == 5 and bool(croniter.is_valid(expr))
 
 
 def _check_field_types(cls: type[JobRequest]) -> None:
