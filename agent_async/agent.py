@@ -10,10 +10,13 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, cast
+from zoneinfo import ZoneInfo
 
 from arq.connections import ArqRedis, RedisSettings
 from arq.constants import in_progress_key_prefix, job_key_prefix, result_key_prefix
+from arq.cron import cron
 from arq.jobs import serialize_job
 from arq.worker import Retry, Worker, func
 from redis.asyncio import Redis
@@ -23,12 +26,15 @@ from redis.exceptions import NoScriptError, RedisError
 from agent_async.child import RunHandle
 from agent_async.errors import AgentError, ConfigurationError
 from agent_async.keys import KeySpace
+from agent_async.overrides import ScheduleOverrides
 from agent_async.persistency import EngineWrite, GateClaim, JobPersistency, StartDecision
 from agent_async.recovery import dropped_outcome
 from agent_async.registry import JobRegistry, registry
 from agent_async.request import JobRequest
 from agent_async.runner import Backoff, JobContextFactory, JobRunner, Outcome, StopPolicy
 from agent_async.runtime import WorkerRuntime
+from agent_async.schedule import translate
+from agent_async.scheduler import Scheduler
 from agent_async.scripts import ScriptCall
 from agent_async.settings import AgentSettings
 from agent_async.state import JobState, JobStatus, now_ms
@@ -57,6 +63,8 @@ _AFTER_KILL_MARGIN_S = 2.0
 # Backoff of the worker loop's restarts after Redis errors.
 _REDIS_RETRY_MIN_S = 0.5
 _REDIS_RETRY_MAX_S = 10.0
+# A cron tick only enqueues a run.
+_CRON_TICK_TIMEOUT_S = 60
 # When on_job_start could not reach Redis, the job is handed back to the queue for this long.
 _START_FAILED_RETRY_S = 1.0
 # Attempts (and the pause between them) to record an outcome before giving up to the reconciler.
@@ -131,6 +139,7 @@ class Agent:
         job_context: JobContextFactory | None = None,
         on_worker_startup: Sequence[WorkerHook] = (),
         on_worker_shutdown: Sequence[WorkerHook] = (),
+        overrides: ScheduleOverrides | None = None,
     ) -> None:
         self.settings = settings
         self.keys = KeySpace(settings.namespace)
@@ -146,6 +155,8 @@ class Agent:
         self._backoff = Backoff(settings.retry_backoff_base_s, settings.retry_backoff_max_s)
         self._stop_policy = StopPolicy(settings.hard_timeout_grace_s, settings.cancel_grace_s)
         self._runtime: WorkerRuntime | None = None
+        self._overrides = overrides
+        self._scheduler: Scheduler | None = None
         # Outcomes waiting for arq's finish transaction, by engine job id (see _AgentWorker).
         self._commits: dict[str, ScriptCall] = {}
         if redis is not None:
@@ -165,6 +176,8 @@ class Agent:
             self._runtime = None
         if self._store is not None:
             await self._store.close()
+        if self._overrides is not None:
+            await self._overrides.close()
         if self._owns_redis and self._redis is not None:
             await self._redis.aclose()
             self._redis = None
@@ -192,6 +205,15 @@ class Agent:
     @property
     def redis(self) -> Redis:
         return self.persistency.redis
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """Periodic jobs: overrides live in the SQL database of AGENT_DATABASE_URL unless injected."""
+        if self._scheduler is None:
+            if self._overrides is None:
+                self._overrides = ScheduleOverrides(self.settings.database_url)
+            self._scheduler = Scheduler(self, self._overrides)
+        return self._scheduler
 
     def get_large_store(self) -> ClientStorage:
         """The large-blob store, scoped to the agent source; built on first use (opens nothing)."""
@@ -303,6 +325,8 @@ class Agent:
             ))
         settings: dict[str, Any] = {
             "functions": functions,
+            "cron_jobs": self._cron_jobs(),
+            "timezone": ZoneInfo(self.settings.schedule_timezone),
             "queue_name": self.keys.queue,
             "redis_settings": RedisSettings.from_dsn(self.settings.redis_url),
             "on_startup": self._on_startup,
@@ -319,6 +343,43 @@ class Agent:
         }
         settings.update(overrides)
         return settings
+
+    def _cron_jobs(self) -> list[Any]:
+        """One arq cron per translated spec of each request's cron, plus a per-minute ticker for
+        the schedules whose cron an override replaced at runtime."""
+        jobs = []
+        for name, request_class in sorted(self.registry.requests().items()):
+            if not request_class.cron:
+                continue
+            for index, spec in enumerate(translate(request_class.cron)):
+                jobs.append(cron(
+                    self._cron_tick(name),  # type: ignore[arg-type]
+                    name=self.keys.cron_function(name, index),
+                    month=_as_set(spec.month), day=_as_set(spec.day), weekday=_as_set(spec.weekday),
+                    hour=_as_set(spec.hour), minute=_as_set(spec.minute), second=0, microsecond=0,
+                    unique=True, run_at_startup=False, timeout=_CRON_TICK_TIMEOUT_S, keep_result=0, max_tries=1,
+                ))
+        if jobs:
+            jobs.append(cron(
+                self._override_tick,
+                name=self.keys.override_ticker, second=0, microsecond=0, unique=True,
+                run_at_startup=False, timeout=_CRON_TICK_TIMEOUT_S, keep_result=0, max_tries=1,
+            ))
+        return jobs
+
+    def _cron_tick(self, name: str) -> Callable[[dict[str, Any]], Awaitable[str]]:
+        async def tick(ctx: dict[str, Any]) -> str:
+            outcome = await self.scheduler.fire(name, _tick_time(ctx))
+            logger.info("schedule %s: %s", name, outcome)
+            return outcome
+
+        tick.__qualname__ = f"cron_tick[{name}]"
+        return tick
+
+    async def _override_tick(self, ctx: dict[str, Any]) -> None:
+        fired = {k: v for k, v in (await self.scheduler.tick_overrides(_tick_time(ctx))).items() if v != "not-mine"}
+        if fired:
+            logger.info("override tick: %s", fired)
 
     async def run_worker(self, *, burst: bool = False, **overrides: Any) -> None:
         """Run a worker in the current event loop until stopped (or, with burst, until the queue is empty).
@@ -415,6 +476,10 @@ class Agent:
 
     async def _on_job_start(self, ctx: dict[str, Any]) -> None:
         engine_id = ctx.get("job_id", "?")
+        if self.keys.is_cron_tick(engine_id):
+            # A schedule's tick: it creates a tracked run, it is not one.
+            ctx[_CTX_DECISION] = StartDecision(run=False, reason="cron tick")
+            return
         job_id = self.keys.job_id_from_engine(engine_id)
         piggyback = _START_PIGGYBACK.get()
         try:
@@ -493,6 +558,15 @@ class _PoolWithScript:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pool, name)
+
+
+def _as_set(values: frozenset[int] | None) -> set[int] | None:
+    return None if values is None else set(values)
+
+
+def _tick_time(ctx: dict[str, Any]) -> datetime:
+    """The fire time of an arq cron tick: its job id ends with it, in ms (arq's unique cron id)."""
+    return datetime.fromtimestamp(int(str(ctx["job_id"]).rsplit(":", 1)[1]) / 1000, UTC)
 
 
 class _PipelineWithStart:
@@ -581,7 +655,7 @@ class _AgentWorker(Worker):
         # tries): one round trip less per job. If arq then drops the job before running it, our
         # finish_failed_job ends the state.
         own_id = self._agent.keys.job_id_from_engine(job_id)
-        if own_id is None:
+        if own_id is None or self._agent.keys.is_cron_tick(job_id):
             await super().run_job(job_id, score)
             return
         token = _START_PIGGYBACK.set(_Piggyback(self._agent.persistency.start_call(own_id)))

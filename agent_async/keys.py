@@ -29,6 +29,21 @@ class KeySpace:
     def schedule_index(self, schedule_name: str) -> str:
         return f"{self.namespace}:idx:schedule:{schedule_name}"
 
+    def schedule_skips(self, schedule_name: str) -> str:
+        """Recent ticks of a schedule that created no run, and why (newest first)."""
+        return f"{self.namespace}:schedule:skips:{schedule_name}"
+
+    def cron_function(self, schedule_name: str, index: int) -> str:
+        """Name of the arq cron function `index` of a schedule (its ticks' arq job ids start so)."""
+        return f"{self.namespace}:cron:{schedule_name}:{index}"
+
+    @property
+    def override_ticker(self) -> str:
+        return f"{self.namespace}:cron:_overrides"
+
+    def is_cron_tick(self, engine_job_id: str) -> bool:
+        return engine_job_id.startswith(f"{self.namespace}:cron:")
+
     @property
     def active_index(self) -> str:
         """Non-terminal jobs, scored by the time of their last transition (ms)."""

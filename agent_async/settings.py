@@ -7,6 +7,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, TypeVar
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from agent_async.errors import ConfigurationError
 
@@ -53,6 +54,10 @@ class AgentSettings:
     reconcile_interval_s: float = 5.0
     # Packages scanned by init_jobs(): <root>/<module>/jobs/*.py.
     job_packages: tuple[str, ...] = ("app.module",)
+    # Time zone in which schedules' crons are read.
+    schedule_timezone: str = "UTC"
+    # When not empty, only these schedules run; the others are reported as disabled.
+    schedule_allowlist: tuple[str, ...] = ()
     storage_type: str = "database"
     database_url: str = "sqlite+aiosqlite:///data/agent.db"
     storage_chunk_bytes: int = 1024 * 1024
@@ -72,6 +77,8 @@ class AgentSettings:
         "shutdown_drain_s": "AGENT_SHUTDOWN_DRAIN_SECONDS",
         "reconcile_interval_s": "AGENT_RECONCILE_INTERVAL_SECONDS",
         "job_packages": "AGENT_JOB_PACKAGES",
+        "schedule_timezone": "AGENT_SCHEDULE_TIMEZONE",
+        "schedule_allowlist": "AGENT_SCHEDULE_ALLOWLIST",
         "storage_type": "AGENT_STORAGE_TYPE",
         "database_url": "AGENT_DATABASE_URL",
         "storage_chunk_bytes": "AGENT_STORAGE_CHUNK_BYTES",
@@ -95,6 +102,8 @@ class AgentSettings:
         self._check(self.lease_s >= 0.3, "lease_s", "must be >= 0.3")
         self._check(self.shutdown_drain_s >= 0, "shutdown_drain_s", "must be >= 0")
         self._check(all(p for p in self.job_packages), "job_packages", "empty package name")
+        self._check(_is_timezone(self.schedule_timezone), "schedule_timezone",
+                    "expected an IANA time zone such as UTC or Europe/Paris")
         self._check(_STORAGE_TYPE_RE.match(self.storage_type) is not None, "storage_type",
                     "expected a lower-case backend name such as 'database'")
         self._check("://" in self.database_url, "database_url",
@@ -124,6 +133,14 @@ class AgentSettings:
     def with_namespace(self, namespace: str) -> AgentSettings:
         """A copy under another key prefix (tests, second deployment on one Redis)."""
         return replace(self, namespace=namespace)
+
+
+def _is_timezone(name: str) -> bool:
+    try:
+        ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        return False
+    return True
 
 
 def _redact(value: str) -> str:

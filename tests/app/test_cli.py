@@ -88,7 +88,9 @@ async def test_migrations_match_the_table_definitions(sqlite_url: str) -> None:
     """Alembic sees no difference between the migrated schema and app/module/calendar/tables.py."""
     engine = create_app_engine(sqlite_url)
 
-    library = {"agent_async_blob", "agent_async_blob_chunk", "agent_async_alembic_version", APP_VERSION_TABLE}
+    from agent_async.storage.schema import metadata as library_metadata
+
+    library = {*library_metadata.tables, "agent_async_alembic_version", APP_VERSION_TABLE}
 
     def app_only(name: str | None, type_: str, parent_names: dict[str, str | None]) -> bool:
         table = name if type_ == "table" else parent_names.get("table_name")
