@@ -7,6 +7,7 @@ import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -25,10 +26,12 @@ def namespace() -> str:
 
 
 @pytest.fixture
-def settings(namespace: str) -> AgentSettings:
+def settings(namespace: str, tmp_path: Path) -> AgentSettings:
     return AgentSettings(
         redis_url=REDIS_URL,
         namespace=namespace,
+        # Blob store and schedule overrides: a file of the test's own (migrated where a test needs it).
+        database_url=f"sqlite+aiosqlite:///{tmp_path}/agent.db",
         retry_backoff_base_s=0.01,
         retry_backoff_max_s=0.05,
         hard_timeout_grace_s=0.5,

@@ -306,3 +306,34 @@ class SleeperJob(Job):
         finally:
             await self.agent.redis.hset(runs_key(self.agent.keys.namespace) + ":cleanup", job_id, 1)
         return {"slept": payload["sleep_s"]}
+
+
+@dataclass
+class Ticking(JobRequest):
+    """A schedule firing every minute, one run at a time."""
+
+    name: ClassVar[str] = "tests.ticking"
+    cron: ClassVar[str | None] = "* * * * *"
+    max_concurrent: ClassVar[int] = 1
+
+
+@agent_job
+class TickingJob(Job):
+    request_class = Ticking
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        return {"runs": await record_run(self, job_id)}
+
+
+@dataclass
+class Nightly(JobRequest):
+    name: ClassVar[str] = "tests.nightly"
+    cron: ClassVar[str | None] = "0 3 13 * fri"
+
+
+@agent_job
+class NightlyJob(Job):
+    request_class = Nightly
+
+    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        return {}
