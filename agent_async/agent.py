@@ -211,7 +211,7 @@ class Agent:
         """Periodic jobs: overrides live in the SQL database of AGENT_DATABASE_URL unless injected."""
         if self._scheduler is None:
             if self._overrides is None:
-                self._overrides = ScheduleOverrides(self.settings.database_url)
+                self._overrides = ScheduleOverrides(self.settings.database_url, namespace=self.keys.namespace)
             self._scheduler = Scheduler(self, self._overrides)
         return self._scheduler
 

@@ -45,6 +45,13 @@ class ScheduleChange:
     change: dict[str, Any]
 
 
+def _override(row: Any) -> ScheduleOverride:
+    return ScheduleOverride(
+        schedule_name=row["schedule_name"], enabled=bool(row["enabled"]), cron=row["cron"],
+        updated_at_ms=row["updated_at_ms"], updated_by=row["updated_by"],
+    )
+
+
 class ScheduleOverrides:
     """Per schedule: enabled, and an optional replacement cron. Reads are cached for a few seconds.
 
@@ -52,8 +59,9 @@ class ScheduleOverrides:
     are not validated here: a cron edited by hand in the database is reported by the scheduler.
     """
 
-    def __init__(self, database_url: str, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, database_url: str, *, namespace: str, clock: Callable[[], float] = time.time) -> None:
         self._url = parse_url(database_url)
+        self.namespace = namespace
         self._engine: AsyncEngine | None = None
         self._clock = clock
         self._cache: tuple[float, dict[str, ScheduleOverride]] | None = None
@@ -74,8 +82,10 @@ class ScheduleOverrides:
             return self._cache[1]
         with translate_errors(self._url):
             async with self._db().connect() as conn:
-                rows = (await conn.execute(select(schedule_override_table))).mappings().all()
-        overrides = {row["schedule_name"]: ScheduleOverride(**row) for row in rows}
+                rows = (await conn.execute(
+                    select(schedule_override_table).where(schedule_override_table.c.namespace == self.namespace)
+                )).mappings().all()
+        overrides = {row["schedule_name"]: _override(row) for row in rows}
         self._cache = (now, overrides)
         return overrides
 
@@ -89,31 +99,30 @@ class ScheduleOverrides:
         now_ms = int(self._clock() * 1000)
         change = {k: v for k, v in (("enabled", enabled), ("cron", cron)) if v is not UNSET}
         table = schedule_override_table
+        this = (table.c.namespace == self.namespace) & (table.c.schedule_name == schedule_name)
         with translate_errors(self._url):
             async with self._db().begin() as conn:
-                current = (
-                    await conn.execute(select(table).where(table.c.schedule_name == schedule_name))
-                ).mappings().first()
+                current = (await conn.execute(select(table).where(this))).mappings().first()
                 values = {"updated_at_ms": now_ms, "updated_by": by, **change}
                 if current is None:
-                    values = {"schedule_name": schedule_name, "enabled": True, "cron": None, **values}
+                    values = {"namespace": self.namespace, "schedule_name": schedule_name, "enabled": True,
+                              "cron": None, **values}
                     await conn.execute(insert(table).values(**values))
                 else:
-                    await conn.execute(update(table).where(table.c.schedule_name == schedule_name).values(**values))
+                    await conn.execute(update(table).where(this).values(**values))
                 await conn.execute(insert(schedule_change_table).values(
-                    schedule_name=schedule_name, changed_at_ms=now_ms, changed_by=by, change=json.dumps(change),
+                    namespace=self.namespace, schedule_name=schedule_name, changed_at_ms=now_ms, changed_by=by,
+                    change=json.dumps(change),
                 ))
-                row = (
-                    await conn.execute(select(table).where(table.c.schedule_name == schedule_name))
-                ).mappings().one()
+                row = (await conn.execute(select(table).where(this))).mappings().one()
         self._cache = None
-        return ScheduleOverride(**row)
+        return _override(row)
 
     async def changes(self, schedule_name: str, *, limit: int = 50) -> list[ScheduleChange]:
         """The schedule's changes, newest first."""
         table = schedule_change_table
         query = (
-            select(table).where(table.c.schedule_name == schedule_name)
+            select(table).where((table.c.namespace == self.namespace) & (table.c.schedule_name == schedule_name))
             .order_by(table.c.changed_at_ms.desc(), table.c.change_id.desc()).limit(limit)
         )
         with translate_errors(self._url):
@@ -128,7 +137,7 @@ class ScheduleOverrides:
         """Remove the override (tests, tooling); the change log is kept."""
         with translate_errors(self._url):
             async with self._db().begin() as conn:
-                await conn.execute(
-                    delete(schedule_override_table).where(schedule_override_table.c.schedule_name == schedule_name)
-                )
+                table = schedule_override_table
+                this = (table.c.namespace == self.namespace) & (table.c.schedule_name == schedule_name)
+                await conn.execute(delete(table).where(this))
         self._cache = None

@@ -14,6 +14,7 @@ from agent_async.serializer import JobStateSerializerDict
 from app.api import jobs as jobs_api
 from app.auth import TokenSigner
 from app.errors import register_error_handlers
+from app.module.admin import api as admin_api
 from app.module.calendar import api as calendar_api
 from app.runtime import EXTENSION_KEY, AppRuntime
 from app.settings import AppSettings
@@ -72,6 +73,7 @@ def create_app(settings: AppSettings | None = None) -> Quart:
 
     app.register_blueprint(jobs_api.blueprint)
     app.register_blueprint(calendar_api.blueprint)
+    app.register_blueprint(admin_api.blueprint)
     register_error_handlers(app)
     return app
 

@@ -31,13 +31,15 @@ async def overrides_url(tmp_path: Path) -> str:
 @pytest.fixture
 async def scheduled(settings: AgentSettings, overrides_url: str, agent: Agent) -> AsyncIterator[Agent]:
     """An agent whose scheduler keeps its overrides in a migrated SQLite file."""
-    async with Agent(settings, overrides=ScheduleOverrides(overrides_url)) as opened:
+    async with Agent(settings, overrides=ScheduleOverrides(overrides_url, namespace=settings.namespace)) as opened:
         yield opened
 
 
 async def test_one_run_per_tick_across_workers(settings: AgentSettings, overrides_url: str, agent: Agent) -> None:
     """Three workers see the same tick: exactly one run, tagged with the schedule, then SUCCESS."""
-    workers = [Agent(settings, overrides=ScheduleOverrides(overrides_url)) for _ in range(3)]
+    workers = [
+        Agent(settings, overrides=ScheduleOverrides(overrides_url, namespace=settings.namespace)) for _ in range(3)
+    ]
     for worker in workers:
         await worker.open()
     try:
@@ -109,7 +111,7 @@ async def test_override_broken_by_hand_disables_only_that_schedule(scheduled: Ag
 
 async def test_allowlist_runs_only_listed_schedules(settings: AgentSettings, overrides_url: str, agent: Agent) -> None:
     listed = dataclasses.replace(settings, schedule_allowlist=(Nightly.name,))
-    async with Agent(listed, overrides=ScheduleOverrides(overrides_url)) as allow:
+    async with Agent(listed, overrides=ScheduleOverrides(overrides_url, namespace=settings.namespace)) as allow:
         await allow.scheduler.overrides.set(Ticking.name, by="ops", enabled=True)
         assert await allow.scheduler.fire(Ticking.name, TICK) == "disabled"
         views = {v.name: v for v in await allow.scheduler.views()}
@@ -119,7 +121,7 @@ async def test_allowlist_runs_only_listed_schedules(settings: AgentSettings, ove
 
 
 async def test_schedules_still_run_when_the_override_store_is_down(settings: AgentSettings, agent: Agent) -> None:
-    down = ScheduleOverrides("postgresql+asyncpg://nobody:secret@127.0.0.1:1/none")
+    down = ScheduleOverrides("postgresql+asyncpg://nobody:secret@127.0.0.1:1/none", namespace=settings.namespace)
     async with Agent(settings, overrides=down) as orphaned:
         assert await orphaned.scheduler.fire(Ticking.name, TICK) == "enqueued"
 
@@ -127,7 +129,7 @@ async def test_schedules_still_run_when_the_override_store_is_down(settings: Age
 async def test_time_zone_reads_crons_in_local_time(settings: AgentSettings, overrides_url: str, agent: Agent) -> None:
     """In Europe/Paris, "0 3 13 * fri" next fires at 03:00 Paris time (02:00 UTC in winter)."""
     paris = dataclasses.replace(settings, schedule_timezone="Europe/Paris")
-    async with Agent(paris, overrides=ScheduleOverrides(overrides_url)) as local:
+    async with Agent(paris, overrides=ScheduleOverrides(overrides_url, namespace=settings.namespace)) as local:
         view = await local.scheduler.view(Nightly.name)
         assert view is not None and view.next_run is not None
         assert (view.next_run.hour, view.next_run.minute) == (3, 0)

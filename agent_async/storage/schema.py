@@ -77,6 +77,7 @@ chunk_table = Table(
     Column("data", CHUNK_BYTES_TYPE, nullable=False),
 )
 
+NAMESPACE_CHARS = 64
 SCHEDULE_NAME_CHARS = 255
 CRON_CHARS = 255
 ACTOR_CHARS = 255
@@ -85,6 +86,8 @@ ACTOR_CHARS = 255
 schedule_override_table = Table(
     SCHEDULE_OVERRIDE_TABLE,
     metadata,
+    # The deployment's AGENT_NAMESPACE: two deployments may share one database.
+    Column("namespace", String(NAMESPACE_CHARS), primary_key=True),
     Column("schedule_name", String(SCHEDULE_NAME_CHARS), primary_key=True),
     Column("enabled", Boolean, nullable=False),
     # NULL: the request's own cron applies.
@@ -98,9 +101,10 @@ schedule_change_table = Table(
     SCHEDULE_CHANGE_TABLE,
     metadata,
     Column("change_id", Integer, primary_key=True, autoincrement=True),
+    Column("namespace", String(NAMESPACE_CHARS), nullable=False),
     Column("schedule_name", String(SCHEDULE_NAME_CHARS), nullable=False),
     Column("changed_at_ms", BigInteger, nullable=False),
     Column("changed_by", String(ACTOR_CHARS), nullable=False),
     Column("change", Text, nullable=False),
-    Index("ix_agent_async_schedule_change_name", "schedule_name", "changed_at_ms"),
+    Index("ix_agent_async_schedule_change_name", "namespace", "schedule_name", "changed_at_ms"),
 )

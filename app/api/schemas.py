@@ -127,3 +127,40 @@ class Page(BaseModel):
 
 class ResultQuery(BaseModel):
     download: bool = False
+
+
+class ScheduleOverrideOut(BaseModel):
+    enabled: bool
+    cron: str | None
+    updated_by: str
+    updated_at: str
+
+
+class ScheduleRunOut(BaseModel):
+    job_id: str
+    status: str
+    created_at: str | None
+
+
+class ScheduleView(BaseModel):
+    """One schedule as an operator sees it."""
+
+    name: str
+    default_cron: str
+    override: ScheduleOverrideOut | None
+    effective_cron: str | None
+    enabled: bool
+    disabled_reason: str | None
+    last_run: ScheduleRunOut | None
+    next_run: str | None
+
+
+class ScheduleList(BaseModel):
+    schedules: list[ScheduleView]
+
+
+class SchedulePatch(_Strict):
+    """Either field or both; "cron": null goes back to the cron declared on the request."""
+
+    enabled: bool | None = None
+    cron: str | None = None

@@ -19,6 +19,7 @@ depends_on = None
 def upgrade() -> None:
     op.create_table(
         "agent_async_schedule_override",
+        sa.Column("namespace", sa.String(64), primary_key=True),
         sa.Column("schedule_name", sa.String(255), primary_key=True),
         sa.Column("enabled", sa.Boolean(), nullable=False),
         sa.Column("cron", sa.String(255), nullable=True),
@@ -28,13 +29,16 @@ def upgrade() -> None:
     op.create_table(
         "agent_async_schedule_change",
         sa.Column("change_id", sa.Integer(), primary_key=True, autoincrement=True),
+        sa.Column("namespace", sa.String(64), nullable=False),
         sa.Column("schedule_name", sa.String(255), nullable=False),
         sa.Column("changed_at_ms", sa.BigInteger(), nullable=False),
         sa.Column("changed_by", sa.String(255), nullable=False),
         sa.Column("change", sa.Text(), nullable=False),
     )
     op.create_index(
-        "ix_agent_async_schedule_change_name", "agent_async_schedule_change", ["schedule_name", "changed_at_ms"]
+        "ix_agent_async_schedule_change_name",
+        "agent_async_schedule_change",
+        ["namespace", "schedule_name", "changed_at_ms"],
     )
 
 

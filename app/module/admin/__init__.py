@@ -1,0 +1,1 @@
+"""Administration: periodic maintenance jobs and the schedules API."""
