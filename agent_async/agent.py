@@ -503,7 +503,7 @@ class Agent:
         job_id = self.keys.job_id_from_engine(ctx["job_id"]) or ctx["job_id"]
         outcome: Outcome | None = ctx.get(_CTX_OUTCOME)
         if outcome is None:
-            outcome = self._interrupted_outcome(decision, ctx)
+            outcome = self._interrupted_outcome(decision)
         if ctx.get(_CTX_COMMIT_IN_FINISH):
             self._commits[ctx["job_id"]] = self.persistency.transition_call(
                 job_id, outcome.status, result=outcome.result, error=outcome.error
@@ -533,7 +533,7 @@ class Agent:
         # Under _AgentWorker the pickup transaction already marked it STARTED: undo that count.
         return self.persistency.transition_call(job_id, status, error=error, undo_start=True)
 
-    def _interrupted_outcome(self, decision: StartDecision, ctx: dict[str, Any]) -> Outcome:
+    def _interrupted_outcome(self, decision: StartDecision) -> Outcome:
         """arq cancelled the attempt itself: a worker shutdown past its drain time.
 
         arq puts the job back in the queue; whether it may run again is the request's `resume`.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -30,7 +30,8 @@ class AgentSettings:
     and raises `ConfigurationError` naming the first bad one.
     """
 
-    redis_url: str = "redis://127.0.0.1:6379/0"
+    # Not in repr: a URL may carry a password, and settings end up in logs.
+    redis_url: str = field(default="redis://127.0.0.1:6379/0", repr=False)
     # Prefix of every Redis key this layer writes and of the arq queue name.
     namespace: str = "agent"
     # How long a finished JobState stays readable.
@@ -59,7 +60,7 @@ class AgentSettings:
     # When not empty, only these schedules run; the others are reported as disabled.
     schedule_allowlist: tuple[str, ...] = ()
     storage_type: str = "database"
-    database_url: str = "sqlite+aiosqlite:///data/agent.db"
+    database_url: str = field(default="sqlite+aiosqlite:///data/agent.db", repr=False)
     storage_chunk_bytes: int = 1024 * 1024
     large_store_max_age_s: int = 7 * DAY_S
 

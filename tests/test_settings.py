@@ -58,3 +58,9 @@ def test_password_in_redis_url_is_not_echoed() -> None:
     with pytest.raises(ConfigurationError) as caught:
         AgentSettings.from_env({"AGENT_REDIS_URL": "http://user:s3cret@host"})
     assert "s3cret" not in str(caught.value)
+
+
+def test_urls_with_passwords_stay_out_of_repr() -> None:
+    """Settings get logged; their URLs may carry passwords."""
+    s = AgentSettings(redis_url="redis://:hunter2@cache:6379/0", database_url="postgresql+asyncpg://u:pw123@db/x")
+    assert "hunter2" not in repr(s) and "pw123" not in repr(s)
