@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -139,22 +139,19 @@ end
 return {attempts, h[2] or '', h[3]}
 """
 
-# KEYS: state, active, leases, engine queue|'', engine job|''
-# ARGV: job id, new status, now ms, retention s, result json|'', error|'', allowed current
-#       statuses csv|'' (any non-terminal), engine job id|'', '1' to undo a start that never ran
+# KEYS: state, active, leases
+# ARGV: job id, new status, now ms, retention s, result json|'', error|'', '1' to undo a start
+#       that never ran
 # A terminal state is never overwritten. Returns 1 if the transition happened, else 0.
 _TRANSITION = _LUA_HELPERS + _LUA_END + """
-local state, active, leases, queue, engine_key = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local state, active, leases = KEYS[1], KEYS[2], KEYS[3]
 local job_id, new_status, now = ARGV[1], ARGV[2], ARGV[3]
 local h = redis.call('HMGET', state, 'status', 'error')
 local current = h[1]
 if not current or is_terminal(current) then return 0 end
-if ARGV[7] ~= '' and not string.find(',' .. ARGV[7] .. ',', ',' .. current .. ',', 1, true) then
-  return 0
-end
 if ARGV[5] ~= '' then redis.call('HSET', state, 'result', ARGV[5]) end
 if ARGV[6] == '' and h[2] then redis.call('HDEL', state, 'error') end
-if ARGV[9] == '1' and current == 'STARTED' then
+if ARGV[7] == '1' and current == 'STARTED' then
   -- Marked STARTED in the pickup transaction, but the engine dropped the job before running it.
   redis.call('HINCRBY', state, 'attempts', -1)
   redis.call('HDEL', state, 'started_ms')
@@ -167,7 +164,6 @@ else
   redis.call('ZADD', active, now, job_id)
   if new_status ~= 'STARTED' then redis.call('ZREM', leases, job_id) end
 end
-drop_engine_job(queue, engine_key, '', ARGV[8])
 return 1
 """
 
@@ -370,24 +366,13 @@ class JobPersistency:
         return StartDecision(run=True, attempts=code, user_uid=reply[1].decode() or None, name=reply[2].decode())
 
     async def transition(
-        self,
-        job_id: str,
-        status: JobStatus,
-        *,
-        result: dict[str, object] | None = None,
-        error: str | None = None,
-        only_from: Iterable[JobStatus] = (),
-        engine_drop: tuple[str, str, str] | None = None,
+        self, job_id: str, status: JobStatus, *, result: dict[str, object] | None = None, error: str | None = None
     ) -> bool:
         """Move a non-terminal state to `status`; terminal moves release the slot and set the TTL.
 
-        `engine_drop` = (queue key, engine job key, engine job id) also removes the queued engine
-        job in the same step. Returns False when the state is missing, terminal or not in
-        `only_from`.
+        Returns False when the state is missing or already terminal (never overwritten).
         """
-        call = self.transition_call(
-            job_id, status, result=result, error=error, only_from=only_from, engine_drop=engine_drop
-        )
+        call = self.transition_call(job_id, status, result=result, error=error)
         with _reachable(f"update job {job_id}"):
             return bool(await run_script(self.redis, call))
 
@@ -402,18 +387,14 @@ class JobPersistency:
         *,
         result: dict[str, object] | None = None,
         error: str | None = None,
-        only_from: Iterable[JobStatus] = (),
-        engine_drop: tuple[str, str, str] | None = None,
         undo_start: bool = False,
     ) -> ScriptCall:
         """The same transition, built to be sent later (e.g. inside arq's own finish transaction)."""
-        queue, engine_key, engine_id = engine_drop or ("", "", "")
         return self._transition(
-            [self.keys.state(job_id), self.keys.active_index, self.keys.leases, queue, engine_key],
+            [self.keys.state(job_id), self.keys.active_index, self.keys.leases],
             [
                 job_id, status.value, now_ms(), self.retention_s,
-                "" if result is None else codec.dumps(result), error or "",
-                ",".join(s.value for s in only_from), engine_id, "1" if undo_start else "",
+                "" if result is None else codec.dumps(result), error or "", "1" if undo_start else "",
             ],
         )
 
