@@ -3,9 +3,12 @@
 Usage: python benchmarks/throughput.py [--jobs N] [--redis-url URL]
 
 Both sides: one worker process, JSON serializer, poll_delay/max_jobs from AgentSettings defaults,
-keep_result=0, arq logging at WARNING. The backlog of N no-op jobs is queued first, then a worker
-drains it in burst mode; jobs/s is measured inside the worker process between its first and its
-last run, so neither side's start-up counts. The last line printed is one JSON object.
+keep_result=0, arq logging at WARNING. agent_async is measured twice: with its own worker
+(`Agent.run_worker`, `python -m app worker`; "ratio") and under arq's stock Worker
+(`arq app.worker.WorkerSettings`; "ratio_arq_cli_worker"). The backlog of N no-op jobs is queued
+first, then a worker drains it in burst mode; jobs/s is measured inside the worker process
+between its first and its last run, so neither side's start-up counts. The last line printed is
+one JSON object.
 """
 
 from __future__ import annotations
@@ -104,6 +107,12 @@ async def worker_main(kind: str, namespace: str, redis_url: str, burst: bool) ->
         )
         await worker.main()
         await worker.close()
+    elif kind == "agent_arq_cli":
+        # What `arq app.worker.WorkerSettings` runs: arq's own Worker with the agent's settings.
+        agent = Agent(AgentSettings(redis_url=redis_url, namespace=namespace))
+        worker = Worker(**agent.worker_settings(burst=burst, handle_signals=False))
+        await worker.main()
+        await worker.close()
     else:
         agent = Agent(AgentSettings(redis_url=redis_url, namespace=namespace))
         await agent.run_worker(burst=burst)  # poll_delay and max_jobs: the same defaults as above
@@ -157,7 +166,9 @@ async def bare_arq(n: int, redis_url: str, redis: Redis, *, latency: bool) -> di
             "run_cmds_per_job": run_cmds / n, **start_lat}
 
 
-async def agent_side(n: int, redis_url: str, redis: Redis, *, latency: bool) -> dict[str, float]:
+async def agent_side(
+    n: int, redis_url: str, redis: Redis, *, latency: bool, kind: str = "agent"
+) -> dict[str, float]:
     ns = f"bench-agent-{uuid.uuid4().hex[:8]}"
     async with Agent(AgentSettings(redis_url=redis_url, namespace=ns)) as agent:
         client = ClientAgent(agent)
@@ -165,7 +176,7 @@ async def agent_side(n: int, redis_url: str, redis: Redis, *, latency: bool) -> 
         for start in range(0, n, 200):
             await asyncio.gather(*(client.enqueue(Noop(), "bench") for _ in range(start, min(n, start + 200))))
         enqueue_cmds = await commands_processed(redis) - before
-        per_job_s, run_cmds = await drain("agent", ns, redis_url, redis)
+        per_job_s, run_cmds = await drain(kind, ns, redis_url, redis)
         states = await agent.persistency.list_for_user("bench", limit=n)
         succeeded = sum(1 for s in states if s.status == "SUCCESS")
         figures = {"jobs_per_s": 1 / per_job_s, "succeeded": succeeded,
@@ -231,12 +242,15 @@ async def main(args: argparse.Namespace) -> None:
         last = i == args.rounds - 1
         arq_round = await bare_arq(args.jobs, args.redis_url, redis, latency=last)
         agent_round = await agent_side(args.jobs, args.redis_url, redis, latency=last)
+        cli_round = await agent_side(args.jobs, args.redis_url, redis, latency=False, kind="agent_arq_cli")
         ratio = agent_round["jobs_per_s"] / arq_round["jobs_per_s"]
+        cli_ratio = cli_round["jobs_per_s"] / arq_round["jobs_per_s"]
         print(f"round {i + 1}: bare arq {arq_round['jobs_per_s']:6.0f} jobs/s, agent_async "
               f"{agent_round['jobs_per_s']:6.0f} jobs/s ({agent_round['succeeded']:.0f}/{args.jobs} SUCCESS), "
-              f"ratio {ratio:.3f}")
-        rounds.append((arq_round, agent_round, ratio))
-    arq_figures, agent_figures, _ = rounds[-1]
+              f"ratio {ratio:.3f}; under arq's own Worker {cli_round['jobs_per_s']:6.0f} jobs/s "
+              f"({cli_round['succeeded']:.0f}/{args.jobs} SUCCESS), ratio {cli_ratio:.3f}")
+        rounds.append((arq_round, agent_round, ratio, cli_ratio))
+    arq_figures, agent_figures, _, _ = rounds[-1]
     print(f"bare arq:    start p50 {arq_figures['start_latency_p50_ms']:.2f} ms, "
           f"{arq_figures['enqueue_cmds_per_job']:.1f} enqueue + {arq_figures['run_cmds_per_job']:.1f} run cmds/job")
     print(f"agent_async: start p50 {agent_figures['start_latency_p50_ms']:.2f} ms, "
@@ -251,6 +265,8 @@ async def main(args: argparse.Namespace) -> None:
         "agent_jobs_per_s": round(statistics.median(r[1]["jobs_per_s"] for r in rounds)),
         "ratio": round(statistics.median(r[2] for r in rounds), 3),
         "ratio_per_round": [round(r[2], 3) for r in rounds],
+        # The same jobs under `arq app.worker.WorkerSettings` (arq's stock Worker, hooks write the states).
+        "ratio_arq_cli_worker": round(statistics.median(r[3] for r in rounds), 3),
         "enqueue_p50_ms": r2(agent_figures["enqueue_p50_ms"]),
         "enqueue_p99_ms": r2(agent_figures["enqueue_p99_ms"]),
         "start_latency_p50_ms": r2(agent_figures["start_latency_p50_ms"]),
@@ -267,7 +283,7 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--redis-url", default=os.environ.get("AGENT_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--worker", choices=["arq", "agent"])
+    parser.add_argument("--worker", choices=["arq", "agent", "agent_arq_cli"])
     parser.add_argument("--namespace")
     parser.add_argument("--burst", action="store_true")
     cli_args = parser.parse_args()
