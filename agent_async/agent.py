@@ -63,6 +63,8 @@ _AFTER_KILL_MARGIN_S = 2.0
 # Backoff of the worker loop's restarts after Redis errors.
 _REDIS_RETRY_MIN_S = 0.5
 _REDIS_RETRY_MAX_S = 10.0
+# arq keeps an in-progress key this long beyond its longest function timeout.
+_ARQ_IN_PROGRESS_EXTRA_S = 10
 # A cron tick only enqueues a run.
 _CRON_TICK_TIMEOUT_S = 60
 # When on_job_start could not reach Redis, the job is handed back to the queue for this long.
@@ -120,6 +122,8 @@ class EngineView:
     queued: bool
     in_progress: bool
     dropped_reason: str | None
+    # How long ago a worker claimed it (from the in-progress key's remaining TTL), if known.
+    claimed_ms_ago: int | None = None
 
 
 class Agent:
@@ -296,14 +300,37 @@ class Agent:
             for job_id in job_ids:
                 engine_id = self.keys.engine_job_id(job_id)
                 pipe.exists(job_key_prefix + engine_id)
-                pipe.exists(in_progress_key_prefix + engine_id)
+                pipe.pttl(in_progress_key_prefix + engine_id)
                 pipe.get(result_key_prefix + engine_id)
             replies = await pipe.execute()
+        claim_ttl_ms = self._in_progress_ttl_ms()
         views = {}
         for i, job_id in enumerate(job_ids):
-            queued, in_progress, result = replies[3 * i: 3 * i + 3]
-            views[job_id] = EngineView(bool(queued), bool(in_progress), _dropped_reason(result))
+            queued, ttl_ms, result = replies[3 * i: 3 * i + 3]
+            in_progress = ttl_ms is not None and (ttl_ms > 0 or ttl_ms == -1)
+            claimed_ms_ago = claim_ttl_ms - ttl_ms if in_progress and claim_ttl_ms and ttl_ms > 0 else None
+            views[job_id] = EngineView(bool(queued), in_progress, _dropped_reason(result), claimed_ms_ago)
         return views
+
+    def _in_progress_ttl_ms(self) -> int | None:
+        """The TTL arq gives an in-progress key: its longest function timeout + 10 s (None: no jobs)."""
+        timeouts = [
+            self._longest_run_s(job.request_class) + _ARQ_TIMEOUT_MARGIN_S for job in self.registry.jobs().values()
+        ]
+        if any(cls.cron for cls in self.registry.requests().values()):
+            timeouts.append(_CRON_TICK_TIMEOUT_S)
+        return int((max(timeouts) + _ARQ_IN_PROGRESS_EXTRA_S) * 1000) if timeouts else None
+
+    async def release_stale_claim(self, job_id: str) -> bool:
+        """Let arq run again a job claimed by a worker that never started it (lost mid-pickup).
+
+        Only while the state is still PENDING/RETRY: a job that started keeps its claim.
+        """
+        engine_id = self.keys.engine_job_id(job_id)
+        released = await run_script(
+            self.redis, _RELEASE_CLAIM([self.keys.state(job_id), in_progress_key_prefix + engine_id], [])
+        )
+        return bool(released)
 
     # -- worker ----------------------------------------------------------------------------------
 
@@ -611,6 +638,13 @@ class _PoolWithStart:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pool, name)
 
+
+# Drops arq's in-progress mark of a job that never started. KEYS: state, in-progress key
+_RELEASE_CLAIM = LuaScript("""
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'PENDING' or status == 'RETRY' then return redis.call('DEL', KEYS[2]) end
+return 0
+""")
 
 # arq's claim of a queued job, as one script: not already in progress, due, then mark it in
 # progress. arq does the same with WATCH, EXISTS, ZSCORE and MULTI/EXEC: four round trips.

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 from agent_async.state import JobState, JobStatus, now_ms
 
 if TYPE_CHECKING:
-    from agent_async.agent import Agent
+    from agent_async.agent import Agent, EngineView
 
 __all__ = ["JobRecovery", "dropped_outcome"]
 
@@ -98,10 +98,21 @@ class JobRecovery:
             elif state.status is JobStatus.STARTED and lease is not None and lease > now:
                 continue  # its worker is alive and renewing the lease
             elif state.status is not JobStatus.STARTED and view.queued:
-                continue  # waiting in arq's queue (or deferred)
+                settled += await self._release_stale_claim(state, view)
             else:
                 settled += await self._settle_orphan(state)
         return settled
+
+    async def _release_stale_claim(self, state: JobState, view: EngineView) -> int:
+        """A queued job is waiting, unless a worker claimed it and was lost before starting it:
+        arq would then leave it alone until its in-progress key expires (up to its longest
+        function timeout + 10 s). A claim older than a lease without a start is released."""
+        if view.claimed_ms_ago is None or view.claimed_ms_ago <= self.agent.persistency.lease_ms:
+            return 0
+        if not await self.agent.release_stale_claim(state.job_id):
+            return 0
+        logger.warning("job %s: claimed %d ms ago but never started; released", state.job_id, view.claimed_ms_ago)
+        return 1
 
     async def _end_dropped(self, state: JobState, reason: str | None) -> int:
         status, error = dropped_outcome(reason)

@@ -168,3 +168,25 @@ async def test_paged_passes_cover_the_whole_backlog(agent: Agent, client: Client
     for _ in range(4):
         total += await recovery.reconcile(idle_for_ms=0)
     assert total == len(ids) + 1
+
+
+async def test_claim_of_a_worker_lost_before_start_is_released(
+    drain: Drain, agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """A worker that claimed a job (arq's in-progress key) but died before starting it would block
+    the job until the key expires (the longest timeout + 10 s); recovery releases the claim once it
+    is older than a lease, and the job runs."""
+    job_id = await client.enqueue(Resumable())
+    in_progress = agent.engine_in_progress_key(job_id)
+    claim_ttl_ms = agent._in_progress_ttl_ms()
+    assert claim_ttl_ms is not None
+    # Claimed "a lease and a second ago": its remaining TTL is that much shorter.
+    await redis.set(in_progress, b"1", px=claim_ttl_ms - agent.persistency.lease_ms - 1000)
+    fresh = await client.enqueue(Resumable())
+    await redis.set(agent.engine_in_progress_key(fresh), b"1", px=claim_ttl_ms - 100)  # claimed just now
+    assert await JobRecovery(agent).reconcile(idle_for_ms=0) == 1
+    assert not await redis.exists(in_progress)
+    assert await redis.exists(agent.engine_in_progress_key(fresh)), "a fresh claim is left alone"
+    await redis.delete(agent.engine_in_progress_key(fresh))
+    await drain()
+    assert (await client.get_state(job_id)).status is JobStatus.SUCCESS  # type: ignore[union-attr]

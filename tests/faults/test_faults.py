@@ -201,7 +201,13 @@ async def test_worker_survives_a_redis_restart(private_redis: PrivateRedis, work
             except (RedisConnectionError, ConnectionError, OSError):
                 return False
 
-        recovery_s = await until(all_done, 60, "queue drained after the restart")
+        try:
+            recovery_s = await until(all_done, 60, "queue drained after the restart")
+        except BaseException:
+            stuck = [(s.job_id, s.status, s.attempts, s.error) for s in await all_states(agent, ids)
+                     if s.status is not JobStatus.SUCCESS]
+            print("not SUCCESS after the restart:", stuck)
+            raise
         assert proc.poll() is None, "the worker process is still running"
         FIGURES["redis_restart"] = {"jobs": len(ids), "drained_after_restart_s": round(recovery_s, 2), "lost": 0}
 
