@@ -436,8 +436,6 @@ class Agent:
                 logger.warning("Redis error in the worker loop (%s); retrying in %.1fs", exc, delay_s)
                 await asyncio.sleep(delay_s)
                 delay_s = min(_REDIS_RETRY_MAX_S, delay_s * 2)
-                if isinstance(worker, _AgentWorker):
-                    await worker.recount_claims()
 
     def _runner(self, name: str) -> JobRunner:
         runner = self._runners.get(name)
@@ -698,21 +696,6 @@ class _AgentWorker(Worker):
             task = self.loop.create_task(self.run_job(job_id, int(float(score))))
             task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
             self.tasks[job_id] = task
-
-    async def recount_claims(self) -> None:
-        """Rebuild arq's job slot accounting after its loop died mid-claim.
-
-        arq's start_jobs takes a semaphore permit and counts the job before its Redis calls; an
-        error there leaks both, and enough leaks would leave a restarted loop unable to claim
-        any job. Recount from the runs actually in progress.
-        """
-        await asyncio.sleep(0)  # let the done-callbacks of finished runs release their permits
-        running = [task for task in self.tasks.values() if not task.done()]
-        semaphore = asyncio.BoundedSemaphore(self.max_jobs + 1)
-        for _ in running:
-            await semaphore.acquire()
-        self.sem = semaphore
-        self.job_counter = len(running)
 
     @property
     def pool(self) -> ArqRedis:

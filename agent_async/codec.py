@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-__all__ = ["check_json_safe", "dumps", "dumps_bytes", "loads"]
+__all__ = ["check_json_safe", "dumps", "loads"]
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
@@ -15,9 +15,6 @@ def dumps(value: Any) -> str:
     """Strict JSON: raises TypeError/ValueError for anything JSON cannot carry (NaN included)."""
     return _ENCODER.encode(value)
 
-
-def dumps_bytes(value: Any) -> bytes:
-    return _ENCODER.encode(value).encode()
 
 
 def loads(raw: str | bytes) -> Any:

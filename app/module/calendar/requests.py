@@ -16,33 +16,31 @@ _TRANSIENT: tuple[type[BaseException], ...] = (StorageUnavailableError, Operatio
 
 
 @dataclass
-class JobRequestExportIcs(JobRequest):
-    """Export one calendar to an ICS file in the large store."""
+class _CalendarJobRequest(JobRequest):
+    """What the calendar jobs share (an abstract base: it has no name, so it is not registered)."""
 
-    name: ClassVar[str] = "calendar.export.ics"
     soft_timeout_seconds: ClassVar[float] = 300
     max_try: ClassVar[int] = 3
-    # Re-running an export only rewrites a file: safe to resume after a crash.
+    # Export rewrites a file and import upserts by UID: both are safe to re-run after a crash.
     resume: ClassVar[bool] = True
     max_concurrent: ClassVar[int] = 1
-    # Only a database outage is worth retrying; anything else would fail the same way again.
+    # Only a database outage is worth retrying; anything else (InvalidIcsError included) fails
+    # the same way again, so it fails at once.
     retry_for: ClassVar[tuple[type[BaseException], ...]] = _TRANSIENT
 
     calendar_key: str = ""
 
 
 @dataclass
-class JobRequestImportIcs(JobRequest):
+class JobRequestExportIcs(_CalendarJobRequest):
+    """Export one calendar to an ICS file in the large store."""
+
+    name: ClassVar[str] = "calendar.export.ics"
+
+
+@dataclass
+class JobRequestImportIcs(_CalendarJobRequest):
     """Import an uploaded ICS file (saved in the large store as `source_ref`) into a calendar."""
 
     name: ClassVar[str] = "calendar.import.ics"
-    soft_timeout_seconds: ClassVar[float] = 300
-    max_try: ClassVar[int] = 3
-    # The import upserts by UID, so a re-run after a crash cannot duplicate events.
-    resume: ClassVar[bool] = True
-    max_concurrent: ClassVar[int] = 1
-    # An invalid file (InvalidIcsError) is permanent and fails at once; only outages are retried.
-    retry_for: ClassVar[tuple[type[BaseException], ...]] = _TRANSIENT
-
-    calendar_key: str = ""
     source_ref: str = ""
