@@ -1,34 +1,36 @@
 """agent-async: asyncio-native job infrastructure on arq + Redis."""
 
 from agent_async.agent import Agent
-from agent_async.child import ChildProcessLost, run_in_child
 from agent_async.client import ClientAgent
 from agent_async.errors import (
     ERROR_JOB_CONCURRENT_LIMIT,
-    ERROR_JOB_NOT_FOUND,
     ERROR_JOB_PAYLOAD_INVALID,
     ERROR_JOB_UNKNOWN,
     AgentError,
     ConfigurationError,
+    DuplicateJobError,
     EnqueueError,
     JobDeclarationError,
     QueueUnavailableError,
+    RequestCode,
     RequestException,
+    RequestRefusedError,
     SoftTimeLimitExceeded,
     StorageError,
     StorageIntegrityError,
     StorageUnavailableError,
 )
-from agent_async.job import Job, agent_job, init_jobs
+from agent_async.job import Job, JobResources, agent_job, init_jobs
+from agent_async.lifecycle import ACTIVE, TERMINAL, ErrorKind, JobStatus
 from agent_async.registry import JobRegistry, registry
 from agent_async.request import JobRequest
 from agent_async.settings import AgentSettings
-from agent_async.state import ACTIVE, TERMINAL, JobState, JobStatus
+from agent_async.state import JobState
+from agent_async.worker.child import ChildProcessLost, run_in_child
 
 __all__ = [
     "ACTIVE",
     "ERROR_JOB_CONCURRENT_LIMIT",
-    "ERROR_JOB_NOT_FOUND",
     "ERROR_JOB_PAYLOAD_INVALID",
     "ERROR_JOB_UNKNOWN",
     "TERMINAL",
@@ -38,15 +40,20 @@ __all__ = [
     "ChildProcessLost",
     "ClientAgent",
     "ConfigurationError",
+    "DuplicateJobError",
     "EnqueueError",
+    "ErrorKind",
     "Job",
     "JobDeclarationError",
     "JobRegistry",
     "JobRequest",
+    "JobResources",
     "JobState",
     "JobStatus",
     "QueueUnavailableError",
+    "RequestCode",
     "RequestException",
+    "RequestRefusedError",
     "SoftTimeLimitExceeded",
     "StorageError",
     "StorageIntegrityError",

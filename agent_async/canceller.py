@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from agent_async.state import JobState
-
-if TYPE_CHECKING:
-    from agent_async.agent import Agent
+from agent_async.store import CancelReply, EngineRef, JobStore
 
 __all__ = ["JobCanceller"]
 
@@ -32,8 +30,10 @@ class JobCanceller:
     No arq abort is used, so no stale abort entry can ever hit a later job.
     """
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(self, store: JobStore, *, engine_ref: Callable[[str], EngineRef], cancel_grace_s: float) -> None:
+        self._store = store
+        self._engine_ref = engine_ref
+        self._cancel_grace_s = cancel_grace_s
 
     async def cancel(self, job_id: str, *, wait_s: float | None = None) -> JobState | None:
         """Cancel and return the state; for a running job, wait up to `wait_s` for it to stop.
@@ -41,17 +41,17 @@ class JobCanceller:
         `wait_s` defaults to the cancel grace plus a margin; 0 returns at once (still STARTED).
         None for an unknown job id.
         """
-        persistency = self.agent.persistency
-        reply = await persistency.cancel(job_id, engine=self.agent.engine_drop(job_id))
-        if not reply:
+        store = self._store
+        reply = await store.cancel(job_id, engine=self._engine_ref(job_id))
+        if reply is CancelReply.UNKNOWN:
             return None
-        if reply == "REQUESTED":
+        if reply is CancelReply.REQUESTED:
             if wait_s is None:
-                wait_s = self.agent.settings.cancel_grace_s + _WAIT_MARGIN_S
+                wait_s = self._cancel_grace_s + _WAIT_MARGIN_S
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline:
-                state = await persistency.get(job_id)
+                state = await store.get(job_id)
                 if state is None or state.is_terminal:
                     return state
                 await asyncio.sleep(_POLL_S)
-        return await persistency.get(job_id)
+        return await store.get(job_id)

@@ -1,4 +1,4 @@
-"""ClientAgent: the one facade web code uses to enqueue jobs and read their state."""
+"""ClientAgent: the one facade web code uses to enqueue jobs, read their state and see schedules."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ from typing import TYPE_CHECKING, Any
 
 from agent_async.agent import Agent
 from agent_async.canceller import JobCanceller
-from agent_async.errors import ERROR_JOB_UNKNOWN, RequestException
+from agent_async.errors import RequestCode, RequestRefusedError
 from agent_async.request import JobRequest
+from agent_async.schedules.scheduler import Scheduler
 from agent_async.state import JobState
 
 if TYPE_CHECKING:
@@ -21,16 +22,19 @@ class ClientAgent:
 
     def __init__(self, agent: Agent, *, store: ClientStorage | None = None) -> None:
         self.agent = agent
+        self._jobs = agent.job_store
         self._store = store
-        self._canceller = JobCanceller(agent)
+        self._canceller = JobCanceller(
+            agent.job_store, engine_ref=agent.engine.ref, cancel_grace_s=agent.settings.cancel_grace_s
+        )
 
     async def enqueue(self, request: JobRequest, user_uid: str | None = None, *, defer_s: float = 0.0) -> str:
         """Queue a job and return its id at once.
 
-        Raises RequestException(ERROR_JOB_CONCURRENT_LIMIT) when the request's max_concurrent jobs are
-        already in flight for this user (or globally without a user), RequestException
-        (ERROR_JOB_PAYLOAD_INVALID) when the payload is not JSON, and EnqueueError when Redis fails;
-        in every case nothing was written.
+        Raises RequestRefusedError (JOB_CONCURRENT_LIMIT) when the request's max_concurrent jobs
+        are already in flight for this user (or globally without a user), RequestRefusedError
+        (JOB_PAYLOAD_INVALID) when the payload is not JSON, QueueUnavailableError when Redis is
+        down and EnqueueError when Redis refuses; in every case nothing was written.
         """
         state = await self.agent.create_job(request, user_uid=user_uid, defer_s=defer_s)
         return state.job_id
@@ -41,18 +45,22 @@ class ClientAgent:
         """Enqueue by job name and payload dict (for callers that do not import the request class)."""
         request_class = self.agent.registry.request(name)
         if request_class is None:
-            raise RequestException(ERROR_JOB_UNKNOWN, f"no job is named {name!r}")
+            raise RequestRefusedError(RequestCode.JOB_UNKNOWN, f"no job is named {name!r}")
         return await self.enqueue(request_class.from_payload(payload), user_uid, defer_s=defer_s)
 
     async def get_state(self, job_id: str) -> JobState | None:
-        return await self.agent.persistency.get(job_id)
+        return await self._jobs.get(job_id)
 
     async def list_for_user(self, user_uid: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
         """The user's jobs, newest first."""
-        return await self.agent.persistency.list_for_user(user_uid, offset=offset, limit=limit)
+        return await self._jobs.list_for_user(user_uid, offset=offset, limit=limit)
+
+    async def count_for_user(self, user_uid: str) -> int:
+        """How many jobs the user has within the retention (the length of `list_for_user`'s index)."""
+        return await self._jobs.count_for_user(user_uid)
 
     async def list_by_schedule(self, schedule_name: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
-        return await self.agent.persistency.list_by_schedule(schedule_name, offset=offset, limit=limit)
+        return await self._jobs.list_by_schedule(schedule_name, offset=offset, limit=limit)
 
     async def cancel(self, job_id: str, *, wait_s: float | None = None) -> JobState | None:
         """Cancel a job (see JobCanceller): queued ones never run, running ones are stopped.
@@ -60,6 +68,15 @@ class ClientAgent:
         Idempotent: a terminal job is returned unchanged; None for an unknown id.
         """
         return await self._canceller.cancel(job_id, wait_s=wait_s)
+
+    async def ping(self) -> None:
+        """Raise QueueUnavailableError unless Redis answers (a health check)."""
+        await self._jobs.ping()
+
+    @property
+    def schedules(self) -> Scheduler:
+        """The periodic jobs: views, skips, runtime overrides (`schedules.overrides`)."""
+        return self.agent.scheduler
 
     def get_large_store(self) -> ClientStorage:
         return self._store if self._store is not None else self.agent.get_large_store()

@@ -2,27 +2,41 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 __all__ = [
     "ERROR_JOB_CONCURRENT_LIMIT",
-    "ERROR_JOB_NOT_FOUND",
     "ERROR_JOB_PAYLOAD_INVALID",
     "ERROR_JOB_UNKNOWN",
     "AgentError",
     "ConfigurationError",
+    "DuplicateJobError",
     "EnqueueError",
     "JobDeclarationError",
     "QueueUnavailableError",
+    "RequestCode",
     "RequestException",
+    "RequestRefusedError",
     "SoftTimeLimitExceeded",
     "StorageError",
     "StorageIntegrityError",
     "StorageUnavailableError",
 ]
 
-ERROR_JOB_CONCURRENT_LIMIT = "job_concurrent_limit"
-ERROR_JOB_UNKNOWN = "job_unknown"
-ERROR_JOB_PAYLOAD_INVALID = "job_payload_invalid"
-ERROR_JOB_NOT_FOUND = "job_not_found"
+
+
+class RequestCode(StrEnum):
+    """Why an enqueue was refused (`RequestRefusedError.code`); the values are stable API codes."""
+
+    JOB_CONCURRENT_LIMIT = "job_concurrent_limit"
+    JOB_UNKNOWN = "job_unknown"
+    JOB_PAYLOAD_INVALID = "job_payload_invalid"
+
+
+# The codes under their earlier names (each equals its RequestCode member).
+ERROR_JOB_CONCURRENT_LIMIT = RequestCode.JOB_CONCURRENT_LIMIT
+ERROR_JOB_UNKNOWN = RequestCode.JOB_UNKNOWN
+ERROR_JOB_PAYLOAD_INVALID = RequestCode.JOB_PAYLOAD_INVALID
 
 
 class AgentError(Exception):
@@ -37,20 +51,28 @@ class JobDeclarationError(AgentError, TypeError):
     """A JobRequest or Job class is declared wrongly; raised at import, naming the class."""
 
 
-class RequestException(AgentError):
-    """A request to enqueue was refused; `code` is one of the ERROR_JOB_* constants.
+class RequestRefusedError(AgentError):
+    """A request to enqueue was refused; `code` says why (a RequestCode).
 
     The HTTP layer maps codes to statuses (concurrency limit -> 409, unknown job -> 400, ...).
     """
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: RequestCode, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
 
 
+# The earlier name, kept for callers that catch it.
+RequestException = RequestRefusedError
+
+
 class EnqueueError(AgentError):
     """Redis refused the atomic enqueue (duplicate id, corrupted keys); nothing was written."""
+
+
+class DuplicateJobError(EnqueueError):
+    """A job with this id already exists (a schedule's tick seen by a second worker, typically)."""
 
 
 class QueueUnavailableError(AgentError, ConnectionError):
@@ -61,9 +83,12 @@ class QueueUnavailableError(AgentError, ConnectionError):
 
 
 class SoftTimeLimitExceeded(AgentError):
-    """Raised inside `Job.process()` when the request's soft_timeout_seconds has elapsed.
+    """The attempt ran past the request's soft_timeout_seconds (the job's error names it).
 
-    The job may catch it to clean up; it is retried only if listed in the request's retry_for.
+    It is not raised inside `Job.process()`: an exception of our own cannot be thrown into a
+    running task, so `process()` sees `asyncio.CancelledError` whose message names the limit, and
+    may clean up in `finally`. The attempt then ends with this error, retried only if it is listed
+    in the request's retry_for.
     """
 
 

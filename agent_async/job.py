@@ -5,37 +5,73 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, ClassVar, TypeVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from agent_async.errors import JobDeclarationError
 from agent_async.registry import registry
 from agent_async.request import JobRequest
 
 if TYPE_CHECKING:
-    from agent_async.agent import Agent
+    from redis.asyncio import Redis
 
-__all__ = ["Job", "agent_job", "init_jobs"]
+    from agent_async.settings import AgentSettings
+    from agent_async.storage import ClientStorage
+
+__all__ = ["Job", "JobResources", "agent_job", "init_jobs"]
 
 logger = logging.getLogger(__name__)
 
-_JobT = TypeVar("_JobT", bound="type[Job]")
+_JobT = TypeVar("_JobT", bound="type[Job[Any]]")
+RequestT = TypeVar("RequestT", bound=JobRequest)
 
 
-class Job:
-    """Runs one kind of request. One instance per worker process, built with the worker's Agent.
+class JobResources:
+    """What a Job may use besides its request: the settings, the Redis client, the large store.
 
-    `process` must be idempotent: delivery is at least once (a run interrupted by a crash or a
-    shutdown may run again), so key side effects by something stable such as `job_id`.
+    Built by the Agent; the Redis client and the store are reached lazily, so a Job built only
+    for `public_payload` (the API's serializer) opens nothing.
+    """
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        *,
+        redis: Callable[[], Redis],
+        large_store: Callable[[], ClientStorage],
+    ) -> None:
+        self.settings = settings
+        self._redis = redis
+        self._large_store = large_store
+
+    @property
+    def namespace(self) -> str:
+        return self.settings.namespace
+
+    @property
+    def redis(self) -> Redis:
+        return self._redis()
+
+    def large_store(self) -> ClientStorage:
+        """The large-blob store, scoped to the agent source."""
+        return self._large_store()
+
+
+class Job(Generic[RequestT]):
+    """Runs one kind of request. One instance per worker process, built with the worker's resources.
+
+    `process` receives the request rebuilt from the payload (an instance of `request_class`).
+    It must be idempotent: delivery is at least once (a run interrupted by a crash or a shutdown
+    may run again), so key side effects by something stable such as `job_id`.
     """
 
     request_class: ClassVar[type[JobRequest]]
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(self, resources: JobResources) -> None:
+        self.resources = resources
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: RequestT, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         """Do the work; return a small JSON-safe dict (or {"large_result": ref, ...})."""
         raise NotImplementedError
 
@@ -72,12 +108,16 @@ def _register_found(module: ModuleType) -> None:
             registry.add_job(value)
 
 
-def init_jobs(packages: Iterable[str] = ("app.module",)) -> list[ModuleType]:
+def init_jobs(packages: str | Iterable[str]) -> list[ModuleType]:
     """Import every `<package>/<module>/jobs/*.py`, so each `@agent_job` registers itself.
 
-    No central list: a new module with a `jobs/` folder is picked up by the next worker start.
-    An import error propagates (a worker must not start with half its jobs).
+    `packages` is one package name or several. No central list: a new module with a `jobs/`
+    folder is picked up by the next worker start. An import error propagates (a worker must not
+    start with half its jobs).
     """
+    if isinstance(packages, str):
+        packages = (packages,)
+    packages = tuple(packages)
     imported: list[ModuleType] = []
     for root_name in packages:
         root = importlib.import_module(root_name)

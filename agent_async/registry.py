@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from agent_async.errors import JobDeclarationError
 
@@ -20,7 +20,7 @@ class JobRegistry:
 
     def __init__(self) -> None:
         self._requests: dict[str, type[JobRequest]] = {}
-        self._jobs: dict[str, type[Job]] = {}
+        self._jobs: dict[str, type[Job[Any]]] = {}
 
     def add_request(self, cls: type[JobRequest]) -> None:
         existing = self._requests.get(cls.name)
@@ -31,7 +31,7 @@ class JobRegistry:
         # Re-importing the same module (reload, discovery after a direct import) replaces the class.
         self._requests[cls.name] = cls
 
-    def add_job(self, cls: type[Job]) -> None:
+    def add_job(self, cls: type[Job[Any]]) -> None:
         name = cls.request_class.name
         existing = self._jobs.get(name)
         if existing is not None and _qualname(existing) != _qualname(cls):
@@ -43,13 +43,13 @@ class JobRegistry:
     def request(self, name: str) -> type[JobRequest] | None:
         return self._requests.get(name)
 
-    def job(self, name: str) -> type[Job] | None:
+    def job(self, name: str) -> type[Job[Any]] | None:
         return self._jobs.get(name)
 
     def requests(self) -> dict[str, type[JobRequest]]:
         return dict(self._requests)
 
-    def jobs(self) -> dict[str, type[Job]]:
+    def jobs(self) -> dict[str, type[Job[Any]]]:
         return dict(self._jobs)
 
     @contextmanager

@@ -7,10 +7,10 @@ import types
 import typing
 from typing import Any, ClassVar, Self
 
-from agent_async import codec
-from agent_async.errors import ERROR_JOB_PAYLOAD_INVALID, JobDeclarationError, RequestException
+from agent_async.errors import JobDeclarationError, RequestCode, RequestRefusedError
 from agent_async.registry import registry
-from agent_async.schedule import cron_problem
+from agent_async.schedules.cron import cron_problem
+from agent_async.store import codec
 
 __all__ = ["JobRequest"]
 
@@ -46,12 +46,12 @@ class JobRequest:
         registry.add_request(cls)
 
     def payload(self) -> dict[str, Any]:
-        """The JSON-safe dict sent through the broker; RequestException if a value is not JSON."""
+        """The JSON-safe dict sent through the broker; RequestRefusedError if a value is not JSON."""
         data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         try:
             codec.check_json_safe(data)
         except ValueError as exc:
-            raise RequestException(ERROR_JOB_PAYLOAD_INVALID, f"{type(self).__name__}: {exc}") from None
+            raise RequestRefusedError(RequestCode.JOB_PAYLOAD_INVALID, f"{type(self).__name__}: {exc}") from None
         return data
 
     @classmethod
@@ -60,13 +60,13 @@ class JobRequest:
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(payload) - names)
         if unknown:
-            raise RequestException(
-                ERROR_JOB_PAYLOAD_INVALID, f"{cls.__name__}: unknown payload fields {unknown}"
+            raise RequestRefusedError(
+                RequestCode.JOB_PAYLOAD_INVALID, f"{cls.__name__}: unknown payload fields {unknown}"
             )
         try:
             return cls(**payload)
         except TypeError as exc:
-            raise RequestException(ERROR_JOB_PAYLOAD_INVALID, f"{cls.__name__}: {exc}") from None
+            raise RequestRefusedError(RequestCode.JOB_PAYLOAD_INVALID, f"{cls.__name__}: {exc}") from None
 
 
 def _check_metadata(cls: type[JobRequest]) -> None:

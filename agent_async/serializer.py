@@ -10,8 +10,7 @@ from agent_async.registry import JobRegistry
 from agent_async.state import JobState
 
 if TYPE_CHECKING:
-    from agent_async.agent import Agent
-    from agent_async.job import Job
+    from agent_async.job import Job, JobResources
 
 __all__ = ["LARGE_RESULT_KEY", "JobStateSerializerDict", "PublicJobState", "Serializer", "public_result"]
 
@@ -49,11 +48,11 @@ class JobStateSerializerDict(Serializer[JobState, PublicJobState]):
     withheld (None): the serializer fails closed rather than risk showing a secret.
     """
 
-    def __init__(self, agent: Agent, *, job_registry: JobRegistry | None = None) -> None:
-        self._agent = agent
-        self._registry = job_registry if job_registry is not None else agent.registry
+    def __init__(self, job_registry: JobRegistry, *, resources: JobResources) -> None:
+        self._registry = job_registry
+        self._resources = resources
         # One Job instance per name, as a worker keeps one; public_payload needs no connection.
-        self._jobs: dict[str, Job | None] = {}
+        self._jobs: dict[str, Job[Any] | None] = {}
 
     def dump(self, model: JobState) -> PublicJobState:
         return {
@@ -63,10 +62,10 @@ class JobStateSerializerDict(Serializer[JobState, PublicJobState]):
             "error": model.error,
         }
 
-    def _job(self, name: str) -> Job | None:
+    def _job(self, name: str) -> Job[Any] | None:
         if name not in self._jobs:
             job_class = self._registry.job(name)
-            self._jobs[name] = None if job_class is None else job_class(self._agent)
+            self._jobs[name] = None if job_class is None else job_class(self._resources)
         return self._jobs[name]
 
     def _public_payload(self, state: JobState) -> dict[str, Any] | None:

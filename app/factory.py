@@ -68,7 +68,7 @@ def create_app(settings: AppSettings | None = None) -> Quart:
     @app.get("/health")
     async def health() -> Response:
         """Readiness: 200 when Redis answers (compose health check), 503 otherwise."""
-        await runtime.agent.redis.ping()
+        await runtime.client.ping()
         return jsonify({"status": "ok"})
 
     app.register_blueprint(jobs_api.blueprint)
@@ -106,7 +106,7 @@ def _build_runtime(app: Quart, settings: AppSettings) -> AppRuntime:
         settings=settings,
         agent=agent,
         client=ClientAgent(agent),
-        serializer=JobStateSerializerDict(agent),
+        serializer=JobStateSerializerDict(agent.registry, resources=agent.resources),
         signer=signer,
     )
     holder.append(runtime)

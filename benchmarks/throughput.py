@@ -32,7 +32,7 @@ from arq.worker import Worker, func
 from redis.asyncio import Redis
 
 from agent_async import Agent, AgentSettings, ClientAgent, Job, JobRequest, agent_job
-from agent_async.agent import wire_dumps, wire_loads
+from agent_async.engine.wire import wire_dumps, wire_loads
 
 BASE = AgentSettings()
 ARQ_SETTINGS: dict[str, Any] = {
@@ -67,20 +67,20 @@ class Ping(JobRequest):
 
 
 @agent_job
-class NoopJob(Job):
+class NoopJob(Job[Noop]):
     request_class = Noop
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: Noop, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         _RUNS.append(time.perf_counter())
         return {}
 
 
 @agent_job
-class PingJob(Job):
+class PingJob(Job[Ping]):
     request_class = Ping
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
-        await self.agent.redis.rpush(SIGNAL_LIST + ":" + self.agent.keys.namespace, repr(time.time()))
+    async def process(self, request: Ping, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        await self.resources.redis.rpush(SIGNAL_LIST + ":" + self.resources.namespace, repr(time.time()))
         return {}
 
 
@@ -177,7 +177,7 @@ async def agent_side(
             await asyncio.gather(*(client.enqueue(Noop(), "bench") for _ in range(start, min(n, start + 200))))
         enqueue_cmds = await commands_processed(redis) - before
         per_job_s, run_cmds = await drain(kind, ns, redis_url, redis)
-        states = await agent.persistency.list_for_user("bench", limit=n)
+        states = await agent.job_store.list_for_user("bench", limit=n)
         succeeded = sum(1 for s in states if s.status == "SUCCESS")
         figures = {"jobs_per_s": 1 / per_job_s, "succeeded": succeeded,
                    "enqueue_cmds_per_job": enqueue_cmds / n, "run_cmds_per_job": run_cmds / n}

@@ -105,7 +105,7 @@ async def wait_for_status(agent: Agent, job_id: str, *statuses: JobStatus, timeo
     """Poll a state until it has one of `statuses` (bounded: fails after `timeout_s`)."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
-        state = await agent.persistency.get(job_id)
+        state = await agent.job_store.get(job_id)
         if state is not None and state.status in statuses:
             return state
         if asyncio.get_running_loop().time() > deadline:

@@ -9,9 +9,9 @@ from typing import Any, ClassVar
 from agent_async import Job, JobRequest, SoftTimeLimitExceeded, agent_job, run_in_child
 
 
-async def record_run(job: Job, job_id: str) -> int:
+async def record_run(job: Job[Any], job_id: str) -> int:
     """Count one run of `job_id`; returns how many times it has run so far."""
-    return int(await job.agent.redis.hincrby(runs_key(job.agent.keys.namespace), job_id, 1))
+    return int(await job.resources.redis.hincrby(runs_key(job.resources.namespace), job_id, 1))
 
 
 def runs_key(namespace: str) -> str:
@@ -26,12 +26,12 @@ class Echo(JobRequest):
 
 
 @agent_job
-class EchoJob(Job):
+class EchoJob(Job[Echo]):
     request_class = Echo
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: Echo, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         await record_run(self, job_id)
-        return {"echo": payload["text"], "sum": sum(payload["numbers"]), "user": user_uid}
+        return {"echo": request.text, "sum": sum(request.numbers), "user": user_uid}
 
 
 @dataclass
@@ -45,12 +45,12 @@ class Flaky(JobRequest):
 
 
 @agent_job
-class FlakyJob(Job):
+class FlakyJob(Job[Flaky]):
     request_class = Flaky
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: Flaky, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         runs = await record_run(self, job_id)
-        if runs <= payload["fail_times"]:
+        if runs <= request.fail_times:
             raise ValueError(f"flaky failure #{runs}")
         return {"runs": runs}
 
@@ -66,10 +66,10 @@ class Boom(JobRequest):
 
 
 @agent_job
-class BoomJob(Job):
+class BoomJob(Job[Boom]):
     request_class = Boom
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: Boom, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         await record_run(self, job_id)
         raise RuntimeError("boom: not retryable")
 
@@ -83,18 +83,18 @@ class Slow(JobRequest):
 
 
 @agent_job
-class SlowJob(Job):
+class SlowJob(Job[Slow]):
     request_class = Slow
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: Slow, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         await record_run(self, job_id)
         try:
-            await asyncio.sleep(payload["sleep_s"])
+            await asyncio.sleep(request.sleep_s)
         except asyncio.CancelledError:
             # The soft limit lets the job clean up: prove it ran.
-            await self.agent.redis.hset(runs_key(self.agent.keys.namespace) + ":cleanup", job_id, 1)
+            await self.resources.redis.hset(runs_key(self.resources.namespace) + ":cleanup", job_id, 1)
             raise
-        return {"slept": payload["sleep_s"]}
+        return {"slept": request.sleep_s}
 
 
 @dataclass
@@ -106,10 +106,10 @@ class SlowRetried(JobRequest):
 
 
 @agent_job
-class SlowRetriedJob(Job):
+class SlowRetriedJob(Job[SlowRetried]):
     request_class = SlowRetried
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: SlowRetried, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         await record_run(self, job_id)
         await asyncio.sleep(1)
         return {}
@@ -122,10 +122,10 @@ class Gated(JobRequest):
 
 
 @agent_job
-class GatedJob(Job):
+class GatedJob(Job[Gated]):
     request_class = Gated
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: Gated, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         await record_run(self, job_id)
         return {"ok": True}
 
@@ -137,10 +137,10 @@ class GatedFive(JobRequest):
 
 
 @agent_job
-class GatedFiveJob(Job):
+class GatedFiveJob(Job[GatedFive]):
     request_class = GatedFive
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: GatedFive, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         await record_run(self, job_id)
         return {}
 
@@ -151,10 +151,10 @@ class BadResult(JobRequest):
 
 
 @agent_job
-class BadResultJob(Job):
+class BadResultJob(Job[BadResult]):
     request_class = BadResult
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: BadResult, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         return {"when": object()}
 
 
@@ -174,12 +174,12 @@ class Amnesia(JobRequest):
 
 
 @agent_job
-class AmnesiaJob(Job):
+class AmnesiaJob(Job[Amnesia]):
     request_class = Amnesia
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: Amnesia, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         await record_run(self, job_id)
-        await self.agent.redis.script_flush()
+        await self.resources.redis.script_flush()
         return {"remembered": True}
 
 
@@ -210,12 +210,12 @@ class Stubborn(JobRequest):
 
 
 @agent_job
-class StubbornJob(Job):
+class StubbornJob(Job[Stubborn]):
     request_class = Stubborn
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: Stubborn, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         await record_run(self, job_id)
-        await run_in_child(spin_forever, payload["marker_path"])
+        await run_in_child(spin_forever, request.marker_path)
         return {}
 
 
@@ -225,10 +225,10 @@ class ChildSum(JobRequest):
 
 
 @agent_job
-class ChildSumJob(Job):
+class ChildSumJob(Job[ChildSum]):
     request_class = ChildSum
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: ChildSum, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         return {"sum": await run_in_child(add, 2, 3)}
 
 
@@ -241,10 +241,10 @@ class Deaf(JobRequest):
 
 
 @agent_job
-class DeafJob(Job):
+class DeafJob(Job[Deaf]):
     request_class = Deaf
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: Deaf, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         await record_run(self, job_id)
         # 2.5 s: past its hard limit (soft 0.3 s + the tests' 0.5 s grace + 1 s), then it ends.
         for _ in range(25):
@@ -264,10 +264,10 @@ class Resumable(JobRequest):
 
 
 @agent_job
-class ResumableJob(Job):
+class ResumableJob(Job[Resumable]):
     request_class = Resumable
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: Resumable, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         return {"runs": await record_run(self, job_id)}
 
 
@@ -279,10 +279,10 @@ class NotResumable(JobRequest):
 
 
 @agent_job
-class NotResumableJob(Job):
+class NotResumableJob(Job[NotResumable]):
     request_class = NotResumable
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: NotResumable, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         return {"runs": await record_run(self, job_id)}
 
 
@@ -296,16 +296,16 @@ class Sleeper(JobRequest):
 
 
 @agent_job
-class SleeperJob(Job):
+class SleeperJob(Job[Sleeper]):
     request_class = Sleeper
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: Sleeper, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         await record_run(self, job_id)
         try:
-            await asyncio.sleep(payload["sleep_s"])
+            await asyncio.sleep(request.sleep_s)
         finally:
-            await self.agent.redis.hset(runs_key(self.agent.keys.namespace) + ":cleanup", job_id, 1)
-        return {"slept": payload["sleep_s"]}
+            await self.resources.redis.hset(runs_key(self.resources.namespace) + ":cleanup", job_id, 1)
+        return {"slept": request.sleep_s}
 
 
 @dataclass
@@ -318,10 +318,10 @@ class Ticking(JobRequest):
 
 
 @agent_job
-class TickingJob(Job):
+class TickingJob(Job[Ticking]):
     request_class = Ticking
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: Ticking, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         return {"runs": await record_run(self, job_id)}
 
 
@@ -332,8 +332,8 @@ class Nightly(JobRequest):
 
 
 @agent_job
-class NightlyJob(Job):
+class NightlyJob(Job[Nightly]):
     request_class = Nightly
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: Nightly, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         return {}

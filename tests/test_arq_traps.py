@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_async import Agent, ClientAgent, JobStatus
-from agent_async.recovery import JobRecovery
+from agent_async.worker import JobRecovery
 from tests.conftest import Drain, run_burst
 from tests.jobs import Amnesia, Echo, Flaky, Gated, NoWorker, runs_key
 
@@ -26,7 +26,7 @@ async def test_failing_start_hook_neither_kills_the_worker_nor_runs_untracked(
     runs exactly once when Redis answers again; the worker keeps serving the other jobs."""
     failing_id = await client.enqueue(Echo(text="a"))
     other_id = await client.enqueue(Echo(text="b"))
-    original = agent.persistency.start
+    original = agent.job_store.start
     failures = {"left": 1}
 
     async def flaky_start(job_id: str):  # type: ignore[no-untyped-def]
@@ -35,7 +35,7 @@ async def test_failing_start_hook_neither_kills_the_worker_nor_runs_untracked(
             raise ConnectionError("redis hiccup")
         return await original(job_id)
 
-    monkeypatch.setattr(agent.persistency, "start", flaky_start)
+    monkeypatch.setattr(agent.job_store, "start", flaky_start)
     await drain()
     for job_id in (failing_id, other_id):
         state = await client.get_state(job_id)
@@ -49,7 +49,7 @@ async def test_failing_end_hook_does_not_run_the_job_twice(
 ) -> None:
     """A transient failure recording the outcome is retried inside the hook; the job ran once."""
     job_id = await client.enqueue(Echo(text="x"))
-    original = agent.persistency.transition
+    original = agent.job_store.transition
     failures = {"left": 2}
 
     async def flaky_transition(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -58,7 +58,7 @@ async def test_failing_end_hook_does_not_run_the_job_twice(
             raise ConnectionError("redis hiccup")
         return await original(*args, **kwargs)
 
-    monkeypatch.setattr(agent.persistency, "transition", flaky_transition)
+    monkeypatch.setattr(agent.job_store, "transition", flaky_transition)
     await run_burst(agent, "arq_cli_worker")
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.SUCCESS
@@ -71,20 +71,20 @@ async def test_end_hook_that_never_succeeds_leaves_state_for_the_reconciler(
     """Redis refusing every outcome write: the worker survives, the job ran once, and the state is
     ended by the reconciler instead of staying STARTED forever."""
     job_id = await client.enqueue(Gated(), "u")
-    original = agent.persistency.transition
+    original = agent.job_store.transition
 
     async def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise ConnectionError("redis down")
 
-    monkeypatch.setattr(agent.persistency, "transition", broken)
+    monkeypatch.setattr(agent.job_store, "transition", broken)
     await run_burst(agent, "arq_cli_worker")
     assert await runs(redis, agent, job_id) == 1
     assert (await client.get_state(job_id)).status is JobStatus.STARTED  # type: ignore[union-attr]
-    monkeypatch.setattr(agent.persistency, "transition", original)
-    assert await JobRecovery(agent).reconcile(idle_for_ms=0) == 1
+    monkeypatch.setattr(agent.job_store, "transition", original)
+    assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0) == 1
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
-    assert await agent.persistency.slots_held(agent.keys.gate(Gated.name, "u")) == 0
+    assert await agent.job_store.slots_held(agent.keys.gate(Gated.name, "u")) == 0
 
 
 async def _dropped(drain: Drain, agent: Agent, client: ClientAgent, job_id: str) -> str:
@@ -94,11 +94,11 @@ async def _dropped(drain: Drain, agent: Agent, client: ClientAgent, job_id: str)
     runs and the reconciler ends it.
     """
     await drain()
-    await JobRecovery(agent).reconcile(idle_for_ms=0)
+    await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0)
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE and state.error is not None
     assert state.attempts == 0, "the job never ran"
-    assert await agent.persistency.active_job_ids() == []
+    assert await agent.job_store.active_job_ids() == []
     return state.error
 
 
@@ -112,14 +112,14 @@ async def test_unknown_function_ends_failure(drain: Drain, agent: Agent, client:
 async def test_max_tries_exceeded_ends_failure(drain: Drain, agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """arq's own try limit (pickups) dropping a job without a hook still ends its state."""
     job_id = await client.enqueue(Echo())
-    await redis.set(f"arq:retry:{agent.keys.engine_job_id(job_id)}", 100)
+    await redis.set(f"arq:retry:{agent.engine.names.engine_job_id(job_id)}", 100)
     error = await _dropped(drain, agent, client, job_id)
     assert "retries exceeded" in error
 
 
 async def test_expired_job_key_ends_failure(drain: Drain, agent: Agent, client: ClientAgent, redis: Redis) -> None:
     job_id = await client.enqueue(Echo())
-    await redis.delete(f"arq:job:{agent.keys.engine_job_id(job_id)}")
+    await redis.delete(f"arq:job:{agent.engine.names.engine_job_id(job_id)}")
     error = await _dropped(drain, agent, client, job_id)
     assert "job expired" in error
 
@@ -135,7 +135,7 @@ async def test_payload_that_does_not_deserialize_ends_failure(
             return (Path.touch, (marker,))
 
     job_id = await client.enqueue(Echo())
-    await redis.set(f"arq:job:{agent.keys.engine_job_id(job_id)}", pickle.dumps(Exploit()))
+    await redis.set(f"arq:job:{agent.engine.names.engine_job_id(job_id)}", pickle.dumps(Exploit()))
     error = await _dropped(drain, agent, client, job_id)
     assert "deserialize" in error
     assert not marker.exists()
@@ -159,7 +159,7 @@ async def test_worker_sweeps_dropped_jobs_on_its_own(agent: Agent, client: Clien
 async def test_attempts_count_runs_not_pickups(drain: Drain, agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """arq's job_try already at 3 (earlier pickups) does not eat into max_try: 3 real attempts."""
     job_id = await client.enqueue(Flaky(fail_times=10))
-    await redis.set(f"arq:retry:{agent.keys.engine_job_id(job_id)}", 3)
+    await redis.set(f"arq:retry:{agent.engine.names.engine_job_id(job_id)}", 3)
     await drain()
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
@@ -174,7 +174,7 @@ async def test_agent_worker_ends_dropped_jobs_in_arqs_own_transaction(agent: Age
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
     assert state.error is not None and "not found" in state.error
-    assert await agent.persistency.slots_held(agent.keys.gate(NoWorker.name, "u")) == 0
+    assert await agent.job_store.slots_held(agent.keys.gate(NoWorker.name, "u")) == 0
 
 
 async def test_failed_finish_transaction_keeps_the_worker_alive(
@@ -183,7 +183,7 @@ async def test_failed_finish_transaction_keeps_the_worker_alive(
     """If the outcome cannot be committed with arq's finish (Redis error inside EXEC), the worker
     logs it and goes on with the next job; the reconciler then ends the state."""
     first = await client.enqueue(Echo(text="first"))
-    original = agent.persistency.transition_call
+    original = agent.job_store.transition_call
     poisoned = {"left": 1}
 
     def poison(job_id: str, *args, **kwargs):  # type: ignore[no-untyped-def]
@@ -195,13 +195,13 @@ async def test_failed_finish_transaction_keeps_the_worker_alive(
         return call
 
     await redis.set("wrongtype-" + agent.keys.namespace, "x")
-    monkeypatch.setattr(agent.persistency, "transition_call", poison)
+    monkeypatch.setattr(agent.job_store, "transition_call", poison)
     second = await client.enqueue(Echo(text="second"))
     await run_burst(agent, "agent_worker")
     await redis.delete("wrongtype-" + agent.keys.namespace)
     states = {j: await client.get_state(j) for j in (first, second)}
     assert sorted(s.status for s in states.values() if s) == [JobStatus.STARTED, JobStatus.SUCCESS]
-    assert await JobRecovery(agent).reconcile(idle_for_ms=0) == 1
+    assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0) == 1
     for job_id in (first, second):
         assert (await client.get_state(job_id)).is_terminal  # type: ignore[union-attr]
     assert await runs(redis, agent, first) == 1 and await runs(redis, agent, second) == 1

@@ -36,7 +36,7 @@ async def test_running_job_stops_cooperatively(agent: Agent, client: ClientAgent
     assert state.error == "canceled while running (stopped cooperatively)"
     assert elapsed_s < agent.settings.cancel_grace_s, "a cooperative job stops before the grace ends"
     assert await redis.hget(runs_key(agent.keys.namespace) + ":cleanup", job_id) == b"1"
-    assert await agent.persistency.slots_held(agent.keys.gate(Sleeper.name, "u")) == 0
+    assert await agent.job_store.slots_held(agent.keys.gate(Sleeper.name, "u")) == 0
 
 
 async def test_blocking_child_is_killed_in_phase_two(agent: Agent, client: ClientAgent, tmp_path: Path) -> None:
@@ -58,7 +58,7 @@ async def test_blocking_child_is_killed_in_phase_two(agent: Agent, client: Clien
     assert state.error is not None and "stopped hard" in state.error and "1 child process(es) killed" in state.error
     assert agent.settings.cancel_grace_s <= elapsed_s < agent.settings.cancel_grace_s + 2
     assert not alive(pid)
-    assert await agent.persistency.slots_held(agent.keys.gate(Stubborn.name, "u")) == 0
+    assert await agent.job_store.slots_held(agent.keys.gate(Stubborn.name, "u")) == 0
 
 
 async def test_async_job_ignoring_cancellation_is_abandoned(agent: Agent, client: ClientAgent) -> None:

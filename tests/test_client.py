@@ -30,11 +30,11 @@ async def namespace_keys(redis: Redis, agent: Agent) -> list[bytes]:
 
 async def test_enqueue_that_fails_in_redis_writes_nothing(agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """Inject a failure at the engine step (queue key of the wrong type): no state, no slot, no index."""
-    await redis.set(agent.keys.queue, "not a sorted set")
+    await redis.set(agent.engine.names.queue, "not a sorted set")
     with pytest.raises(EnqueueError, match="wrong type"):
         await client.enqueue(Gated(), "u")
-    assert await namespace_keys(redis, agent) == [agent.keys.queue.encode()]
-    await redis.delete(agent.keys.queue)
+    assert await namespace_keys(redis, agent) == [agent.engine.names.queue.encode()]
+    await redis.delete(agent.engine.names.queue)
     # Nothing held: the same user can enqueue at once.
     job_id = await client.enqueue(Gated(), "u")
     assert (await client.get_state(job_id)).status is JobStatus.PENDING  # type: ignore[union-attr]
@@ -54,7 +54,7 @@ async def test_duplicate_job_id_is_refused(agent: Agent) -> None:
     state = await agent.create_job(Echo(text="one"), job_id="fixed-id")
     with pytest.raises(EnqueueError, match="already exists"):
         await agent.create_job(Echo(text="two"), job_id=state.job_id)
-    stored = await agent.persistency.get("fixed-id")
+    stored = await agent.job_store.get("fixed-id")
     assert stored is not None and stored.payload["text"] == "one"
 
 
@@ -102,7 +102,7 @@ async def test_cancel_queued_job_never_runs(drain: Drain, agent: Agent, client: 
     job_id = await client.enqueue(Echo(text="never"), "u")
     state = await client.cancel(job_id)
     assert state is not None and state.status is JobStatus.CANCELED
-    assert await redis.zcard(agent.keys.queue) == 0
+    assert await redis.zcard(agent.engine.names.queue) == 0
     await drain()
     assert await redis.hget(runs_key(agent.keys.namespace), job_id) is None
     assert (await client.get_state(job_id)).status is JobStatus.CANCELED  # type: ignore[union-attr]
@@ -132,13 +132,13 @@ async def test_cancel_of_a_claimed_job_is_honoured_at_start(agent: Agent, client
     records STARTED in arq's pickup transaction itself, so a later cancel is a running-job cancel.
     """
     job_id = await client.enqueue(Echo(text="late"))
-    original_start = agent.persistency.start
+    original_start = agent.job_store.start
 
     async def cancel_then_start(jid: str):  # type: ignore[no-untyped-def]
         await client.cancel(jid)
         return await original_start(jid)
 
-    agent.persistency.start = cancel_then_start  # type: ignore[method-assign]
+    agent.job_store.start = cancel_then_start  # type: ignore[method-assign]
     await run_burst(agent, "arq_cli_worker")
     assert await redis.hget(runs_key(agent.keys.namespace), job_id) is None
     assert (await client.get_state(job_id)).status is JobStatus.CANCELED  # type: ignore[union-attr]

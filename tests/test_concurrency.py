@@ -8,7 +8,7 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_async import ERROR_JOB_CONCURRENT_LIMIT, Agent, ClientAgent, JobRequest, JobStatus, RequestException
-from agent_async.recovery import JobRecovery
+from agent_async.worker import JobRecovery
 from tests.conftest import Drain
 from tests.jobs import Boom, Echo, Flaky, Gated, GatedFive, NoWorker, Slow
 
@@ -25,7 +25,7 @@ async def enqueue_many(client: ClientAgent, make: type[JobRequest], n: int, user
 
 
 async def slots(agent: Agent, name: str, user: str | None) -> int:
-    return await agent.persistency.slots_held(agent.keys.gate(name, user))
+    return await agent.job_store.slots_held(agent.keys.gate(name, user))
 
 
 async def test_gate_off_lets_everything_through(agent: Agent, client: ClientAgent) -> None:
@@ -88,7 +88,7 @@ async def test_slot_held_across_retries_and_released_at_the_end(
     monkeypatch.setattr(Flaky, "max_concurrent", 1)
     job_id = await client.enqueue(Flaky(fail_times=1), "u")
     seen_at_start: list[int] = []
-    runner = agent._runner(Flaky.name)
+    runner = agent.worker.runner(Flaky.name)
     original = runner.run
 
     async def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -120,7 +120,8 @@ async def test_slot_released_when_the_engine_drops_the_job(drain: Drain, agent: 
     """A job arq drops without a hook (function unknown to the worker) still frees its slot."""
     job_id = await client.enqueue(NoWorker(), "u")
     await drain()
-    await JobRecovery(agent).reconcile(idle_for_ms=0)  # only the plain arq worker needs it
+    # Only the plain arq worker needs the recovery pass.
+    await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0)
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
     assert await slots(agent, NoWorker.name, "u") == 0

@@ -47,9 +47,9 @@ class Req(JobRequest):
     name: ClassVar[str] = "{name}"
 
 @agent_job
-class Work(Job):
+class Work(Job[Req]):
     request_class = Req
-    async def process(self, payload, *, user_uid, job_id):
+    async def process(self, request, *, user_uid, job_id):
         return {{}}
 """
 

@@ -104,7 +104,7 @@ async def test_result_that_is_not_json_fails_the_job(drain: Drain, agent: Agent,
 async def test_states_are_json_on_the_wire(agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """The engine's job payload in Redis is JSON, never a pickle."""
     job_id = await client.enqueue(Echo(text="wire"))
-    raw = await redis.get(f"arq:job:{agent.keys.engine_job_id(job_id)}")
+    raw = await redis.get(f"arq:job:{agent.engine.names.engine_job_id(job_id)}")
     assert raw is not None and raw.startswith(b"{")
     import json
 

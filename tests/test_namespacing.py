@@ -28,17 +28,17 @@ async def test_worker_runs_only_its_namespace(drain: Drain, agent: Agent, other_
     theirs = await ClientAgent(other_agent).enqueue(Echo(text="theirs"), "u")
     assert mine != theirs
     await drain()
-    assert (await agent.persistency.get(mine)).status is JobStatus.SUCCESS  # type: ignore[union-attr]
-    assert (await other_agent.persistency.get(theirs)).status is JobStatus.PENDING  # type: ignore[union-attr]
+    assert (await agent.job_store.get(mine)).status is JobStatus.SUCCESS  # type: ignore[union-attr]
+    assert (await other_agent.job_store.get(theirs)).status is JobStatus.PENDING  # type: ignore[union-attr]
     # States and indexes are invisible across namespaces.
-    assert await agent.persistency.get(theirs) is None
+    assert await agent.job_store.get(theirs) is None
     assert [s.job_id for s in await ClientAgent(agent).list_for_user("u")] == [mine]
     await run_burst(other_agent)
-    assert (await other_agent.persistency.get(theirs)).status is JobStatus.SUCCESS  # type: ignore[union-attr]
+    assert (await other_agent.job_store.get(theirs)).status is JobStatus.SUCCESS  # type: ignore[union-attr]
 
 
 async def test_engine_keys_carry_the_namespace(agent: Agent, redis: Redis) -> None:
     """arq's global per-job keys are made distinct by the namespaced engine job id."""
     job_id = await ClientAgent(agent).enqueue(Echo())
     assert await redis.exists(f"arq:job:{agent.keys.namespace}:{job_id}")
-    assert await redis.zrange(agent.keys.queue, 0, -1) == [f"{agent.keys.namespace}:{job_id}".encode()]
+    assert await redis.zrange(agent.engine.names.queue, 0, -1) == [f"{agent.keys.namespace}:{job_id}".encode()]

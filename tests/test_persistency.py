@@ -29,11 +29,11 @@ async def test_indexes_are_consistent_after_many_jobs(
             request = request if booms[user] <= Boom.max_concurrent else Echo(text="not gated")
         expected[user].append(await client.enqueue(request, user))
         await asyncio.sleep(0) if i % 50 else await asyncio.sleep(0.002)
-    assert len(await agent.persistency.active_job_ids()) == 300
+    assert len(await agent.job_store.active_job_ids()) == 300
 
     await drain()
 
-    assert await agent.persistency.active_job_ids() == []
+    assert await agent.job_store.active_job_ids() == []
     for user, ids in expected.items():
         if user is None:
             continue
@@ -41,7 +41,7 @@ async def test_indexes_are_consistent_after_many_jobs(
         assert [s.job_id for s in listed] == [s.job_id for s in sorted(listed, key=lambda s: -s.created_ms)]
         assert {s.job_id for s in listed} == set(ids)
         assert all(s.is_terminal and s.user_uid == user for s in listed)
-        assert await agent.persistency.count_for_user(user) == len(ids)
+        assert await agent.job_store.count_for_user(user) == len(ids)
     # System jobs are in no user index.
     assert not await redis.exists(agent.keys.user_index(""))
 

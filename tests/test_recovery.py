@@ -8,7 +8,7 @@ import dataclasses
 from redis.asyncio import Redis
 
 from agent_async import Agent, ClientAgent, JobStatus
-from agent_async.recovery import JobRecovery
+from agent_async.worker import JobRecovery
 from tests.conftest import Drain, run_burst, running_worker, wait_for_status
 from tests.jobs import Echo, NotResumable, Resumable, Sleeper, runs_key
 
@@ -16,9 +16,9 @@ from tests.jobs import Echo, NotResumable, Resumable, Sleeper, runs_key
 async def lose_worker(agent: Agent, redis: Redis, job_id: str) -> None:
     """Make `job_id` look like a run whose worker was SIGKILLed: STARTED, arq's in-progress key
     held (as arq leaves it), and a lease that has run out."""
-    decision = await agent.persistency.start(job_id)
+    decision = await agent.job_store.start(job_id)
     assert decision.run
-    await redis.set(agent.engine_in_progress_key(job_id), b"1", px=600_000)
+    await redis.set(agent.engine.ref(job_id).claim_key, b"1", px=600_000)
     await redis.zadd(agent.keys.leases, {job_id: 1})
 
 
@@ -33,16 +33,16 @@ async def test_lost_resumable_job_is_requeued_and_runs_again(
     cleared so it runs at once (not after arq's in-progress TTL), then SUCCESS."""
     job_id = await client.enqueue(Resumable(), "u")
     await lose_worker(agent, redis, job_id)
-    assert await JobRecovery(agent).reconcile(idle_for_ms=0) == 1
+    assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0) == 1
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.PENDING
     assert state.error is not None and "worker was lost during attempt 1" in state.error
-    assert not await redis.exists(agent.engine_in_progress_key(job_id))
+    assert not await redis.exists(agent.engine.ref(job_id).claim_key)
     await drain()
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.SUCCESS and state.attempts == 2
     assert await runs(redis, agent, job_id) == 1
-    assert await agent.persistency.slots_held(agent.keys.gate(Resumable.name, "u")) == 0
+    assert await agent.job_store.slots_held(agent.keys.gate(Resumable.name, "u")) == 0
 
 
 async def test_lost_job_without_resume_fails_and_is_not_redelivered(
@@ -50,23 +50,23 @@ async def test_lost_job_without_resume_fails_and_is_not_redelivered(
 ) -> None:
     job_id = await client.enqueue(NotResumable(), "u")
     await lose_worker(agent, redis, job_id)
-    assert await JobRecovery(agent).reconcile(idle_for_ms=0) == 1
+    assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0) == 1
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
     assert state.error == "WorkerLost: the worker was lost during attempt 1 (resume is off)"
-    assert await redis.zcard(agent.keys.queue) == 0, "arq's copy is gone: it cannot run again"
+    assert await redis.zcard(agent.engine.names.queue) == 0, "arq's copy is gone: it cannot run again"
     await drain()
     assert await runs(redis, agent, job_id) == 0
-    assert await agent.persistency.slots_held(agent.keys.gate(NotResumable.name, "u")) == 0
+    assert await agent.job_store.slots_held(agent.keys.gate(NotResumable.name, "u")) == 0
 
 
 async def test_lost_resumable_job_out_of_attempts_fails(agent: Agent, client: ClientAgent, redis: Redis) -> None:
     job_id = await client.enqueue(Resumable())
     await lose_worker(agent, redis, job_id)
-    await JobRecovery(agent).reconcile(idle_for_ms=0)  # attempt 1 lost: re-queued
-    await redis.delete(agent.engine_in_progress_key(job_id))
+    await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0)  # attempt 1 lost: re-queued
+    await redis.delete(agent.engine.ref(job_id).claim_key)
     await lose_worker(agent, redis, job_id)  # attempt 2 lost too
-    await JobRecovery(agent).reconcile(idle_for_ms=0)
+    await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0)
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
     assert state.error == "WorkerLost: the worker was lost during attempt 2 (no attempts left)"
@@ -75,9 +75,9 @@ async def test_lost_resumable_job_out_of_attempts_fails(agent: Agent, client: Cl
 async def test_live_lease_is_left_alone(agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """A STARTED job whose lease is being renewed is not an orphan, however long it runs."""
     job_id = await client.enqueue(NotResumable())
-    await agent.persistency.start(job_id)
-    await redis.set(agent.engine_in_progress_key(job_id), b"1", px=600_000)
-    assert await JobRecovery(agent).reconcile(idle_for_ms=0) == 0
+    await agent.job_store.start(job_id)
+    await redis.set(agent.engine.ref(job_id).claim_key, b"1", px=600_000)
+    assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0) == 0
     assert (await client.get_state(job_id)).status is JobStatus.STARTED  # type: ignore[union-attr]
 
 
@@ -86,10 +86,11 @@ async def test_pending_job_missing_from_the_queue_is_requeued(
 ) -> None:
     """PENDING but not in arq (its queue entry was lost, e.g. Redis restored from an old dump)."""
     job_id = await client.enqueue(Resumable())
-    queue, job_key, engine_id = agent.engine_drop(job_id)
+    ref = agent.engine.ref(job_id)
+    queue, job_key, engine_id = ref.queue_key, ref.job_key, ref.engine_job_id
     await redis.zrem(queue, engine_id)
     await redis.delete(job_key)
-    assert await JobRecovery(agent).reconcile(idle_for_ms=0) == 1
+    assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0) == 1
     await drain()
     assert (await client.get_state(job_id)).status is JobStatus.SUCCESS  # type: ignore[union-attr]
 
@@ -100,7 +101,7 @@ async def test_redelivery_after_a_crash_follows_resume(agent: Agent, client: Cli
     no_resume = await client.enqueue(NotResumable())
     resume = await client.enqueue(Resumable())
     for job_id in (no_resume, resume):
-        assert (await agent.persistency.start(job_id)).run  # STARTED by a worker that then died
+        assert (await agent.job_store.start(job_id)).run  # STARTED by a worker that then died
     await run_burst(agent)
     failed = await client.get_state(no_resume)
     assert failed is not None and failed.status is JobStatus.FAILURE
@@ -115,18 +116,18 @@ async def test_cancel_of_a_job_whose_worker_died_ends_canceled(agent: Agent, cli
     await lose_worker(agent, redis, job_id)
     state = await client.cancel(job_id, wait_s=0)
     assert state is not None and state.status is JobStatus.STARTED
-    await JobRecovery(agent).reconcile(idle_for_ms=0)
+    await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0)
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.CANCELED
-    assert await redis.zcard(agent.keys.queue) == 0
+    assert await redis.zcard(agent.engine.names.queue) == 0
 
 
 async def test_one_sweeper_at_a_time(agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """reconcile_orphans takes the namespace's recovery lock; a second caller gets None."""
     await redis.set(agent.keys.recovery_lock, "someone-else", px=5_000)
-    assert await JobRecovery(agent).reconcile_orphans() is None
+    assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile_orphans() is None
     await redis.delete(agent.keys.recovery_lock)
-    assert await JobRecovery(agent).reconcile_orphans() == 0
+    assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile_orphans() == 0
     assert not await redis.exists(agent.keys.recovery_lock), "released after the pass"
 
 
@@ -145,7 +146,7 @@ async def test_heartbeat_keeps_a_long_job_alive(agent: Agent) -> None:
         job_id = await ClientAgent(short).enqueue(Sleeper(sleep_s=1.5))
         await wait_for_status(short, job_id, JobStatus.STARTED)
         await asyncio.sleep(1.0)  # past the 0.6 s lease: only renewal keeps it
-        assert await JobRecovery(short).reconcile(idle_for_ms=0) == 0
+        assert await JobRecovery(short.job_store, engine=short.engine).reconcile(idle_for_ms=0) == 0
         state = await wait_for_status(short, job_id, JobStatus.SUCCESS)
     assert state.attempts == 1
 
@@ -155,12 +156,13 @@ async def test_paged_passes_cover_the_whole_backlog(agent: Agent, client: Client
     where it stopped: a backlog costs the same per pass, and every job is still looked at."""
     ids = [await client.enqueue(Resumable()) for _ in range(3)] + [await client.enqueue(Echo()) for _ in range(4)]
     for job_id in ids:  # all lost from arq's queue
-        queue, job_key, engine_id = agent.engine_drop(job_id)
+        ref = agent.engine.ref(job_id)
+        queue, job_key, engine_id = ref.queue_key, ref.job_key, ref.engine_job_id
         await redis.zrem(queue, engine_id)
         await redis.delete(job_key)
     lost_runner = await client.enqueue(NotResumable())
     await lose_worker(agent, redis, lost_runner)
-    recovery = JobRecovery(agent, page_size=3)
+    recovery = JobRecovery(agent.job_store, engine=agent.engine, page_size=3)
     first = await recovery.reconcile(idle_for_ms=0)
     assert first == 4, "one page of 3 plus the expired lease"
     assert (await client.get_state(lost_runner)).status is JobStatus.FAILURE  # type: ignore[union-attr]
@@ -177,16 +179,16 @@ async def test_claim_of_a_worker_lost_before_start_is_released(
     the job until the key expires (the longest timeout + 10 s); recovery releases the claim once it
     is older than a lease, and the job runs."""
     job_id = await client.enqueue(Resumable())
-    in_progress = agent.engine_in_progress_key(job_id)
-    claim_ttl_ms = agent._in_progress_ttl_ms()
+    in_progress = agent.engine.ref(job_id).claim_key
+    claim_ttl_ms = agent.engine.claim_ttl_ms()
     assert claim_ttl_ms is not None
     # Claimed "a lease and a second ago": its remaining TTL is that much shorter.
-    await redis.set(in_progress, b"1", px=claim_ttl_ms - agent.persistency.lease_ms - 1000)
+    await redis.set(in_progress, b"1", px=claim_ttl_ms - agent.job_store.lease_ms - 1000)
     fresh = await client.enqueue(Resumable())
-    await redis.set(agent.engine_in_progress_key(fresh), b"1", px=claim_ttl_ms - 100)  # claimed just now
-    assert await JobRecovery(agent).reconcile(idle_for_ms=0) == 1
+    await redis.set(agent.engine.ref(fresh).claim_key, b"1", px=claim_ttl_ms - 100)  # claimed just now
+    assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0) == 1
     assert not await redis.exists(in_progress)
-    assert await redis.exists(agent.engine_in_progress_key(fresh)), "a fresh claim is left alone"
-    await redis.delete(agent.engine_in_progress_key(fresh))
+    assert await redis.exists(agent.engine.ref(fresh).claim_key), "a fresh claim is left alone"
+    await redis.delete(agent.engine.ref(fresh).claim_key)
     await drain()
     assert (await client.get_state(job_id)).status is JobStatus.SUCCESS  # type: ignore[union-attr]

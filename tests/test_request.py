@@ -114,18 +114,18 @@ def test_job_needs_a_request_and_a_process(job_registry: JobRegistry) -> None:
     with pytest.raises(JobDeclarationError, match="process"):
 
         @agent_job
-        class NoProcess(Job):
+        class NoProcess(Job[Req]):
             request_class = Req
 
     @agent_job
-    class Good(Job):
+    class Good(Job[Req]):
         request_class = Req
 
-        async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        async def process(self, request: Req, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
             return {}
 
     assert job_registry.job("decl.job") is Good
-    assert Good(agent=None).public_payload({"x": 1}) == {"x": 1}  # type: ignore[arg-type]
+    assert Good(None).public_payload({"x": 1}) == {"x": 1}  # type: ignore[arg-type]
 
     with pytest.raises(JobDeclarationError, match="already registered"):
 

@@ -9,7 +9,8 @@ from arq.cron import next_cron
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent_async.schedule import CronTranslationError, next_fire, translate
+from agent_async.engine.cron import CronTranslationError, translate
+from agent_async.schedules.cron import next_fire
 
 MONTHS = ["jan", "feb", "mar", "apr", "may", "jun", "jul", "aug", "sep", "oct", "nov", "dec"]
 DAYS = ["sun", "mon", "tue", "wed", "thu", "fri", "sat"]

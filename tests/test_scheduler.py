@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import text
 
 from agent_async import Agent, AgentSettings, ClientAgent, JobStatus
-from agent_async.overrides import ScheduleOverrides
+from agent_async.schedules.overrides import ScheduleOverrides
 from agent_async.storage import upgrade_async
 from agent_async.storage.engine import create_engine, parse_url
 from tests.conftest import run_burst, running_worker, wait_for_status
@@ -166,14 +166,14 @@ async def test_a_real_tick_of_two_running_workers(
         runs = []
         while not runs and asyncio.get_running_loop().time() < deadline:
             await asyncio.sleep(0.5)
-            runs = await scheduled.persistency.list_by_schedule(Ticking.name)
+            runs = await scheduled.job_store.list_by_schedule(Ticking.name)
         assert runs, "no tick within 75 s"
         state = await wait_for_status(scheduled, runs[0].job_id, JobStatus.SUCCESS)
         await asyncio.sleep(1)  # the slower worker's tick, if any, has landed by now
         fire_ms = int(state.job_id.rsplit("@", 1)[1])
         same_minute = [
-            r for r in await scheduled.persistency.list_by_schedule(Ticking.name) if r.job_id == state.job_id
+            r for r in await scheduled.job_store.list_by_schedule(Ticking.name) if r.job_id == state.job_id
         ]
     assert fire_ms % 60_000 == 0, "fired on a minute boundary"
     assert len(same_minute) == 1
-    assert len(await scheduled.persistency.list_by_schedule(Ticking.name)) == 1
+    assert len(await scheduled.job_store.list_by_schedule(Ticking.name)) == 1

@@ -19,10 +19,10 @@ def declare_jobs() -> None:
         token: str = ""
 
     @agent_job
-    class SecretiveJob(Job):
+    class SecretiveJob(Job[Secretive]):
         request_class = Secretive
 
-        async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        async def process(self, request: Secretive, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
             return {}
 
         def public_payload(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -35,10 +35,10 @@ def declare_jobs() -> None:
         text: str = ""
 
     @agent_job
-    class PlainJob(Job):
+    class PlainJob(Job[Plain]):
         request_class = Plain
 
-        async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        async def process(self, request: Plain, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
             return {}
 
     @dataclass
@@ -46,10 +46,10 @@ def declare_jobs() -> None:
         name: ClassVar[str] = "tests.serializer.broken"
 
     @agent_job
-    class BrokenJob(Job):
+    class BrokenJob(Job[Broken]):
         request_class = Broken
 
-        async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        async def process(self, request: Broken, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
             return {}
 
         def public_payload(self, payload: dict[str, Any]) -> dict[str, Any]:
@@ -65,7 +65,8 @@ def state(name: str, payload: dict[str, Any], result: dict[str, Any] | None = No
 
 def serializer(job_registry: JobRegistry) -> JobStateSerializerDict:
     declare_jobs()
-    return JobStateSerializerDict(Agent(AgentSettings()), job_registry=job_registry)
+    agent = Agent(AgentSettings())
+    return JobStateSerializerDict(job_registry, resources=agent.resources)
 
 
 def test_only_owner_facing_fields(job_registry: JobRegistry) -> None:

@@ -1,10 +1,13 @@
-"""The SQL layout of the blob store: one header row per blob, its bytes in ordered chunk rows."""
+"""The SQL layout of the blob store: one header row per blob, its bytes in ordered chunk rows.
+
+`metadata` is the library's one SQLAlchemy MetaData: the schedules' tables
+(agent_async.schedules.tables) join it, and the library's migrations cover both.
+"""
 
 from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
-    Boolean,
     Column,
     ForeignKey,
     Index,
@@ -13,26 +16,19 @@ from sqlalchemy import (
     MetaData,
     String,
     Table,
-    Text,
 )
 from sqlalchemy.dialects import mysql
 
 __all__ = [
     "BLOB_TABLE",
     "CHUNK_TABLE",
-    "SCHEDULE_CHANGE_TABLE",
-    "SCHEDULE_OVERRIDE_TABLE",
     "VERSION_TABLE",
     "blob_table",
     "chunk_table",
     "metadata",
-    "schedule_change_table",
-    "schedule_override_table",
 ]
 
 BLOB_TABLE = "agent_async_blob"
-SCHEDULE_OVERRIDE_TABLE = "agent_async_schedule_override"
-SCHEDULE_CHANGE_TABLE = "agent_async_schedule_change"
 CHUNK_TABLE = "agent_async_blob_chunk"
 # Alembic's bookkeeping table, named apart from `alembic_version` so an application's own Alembic
 # environment can share the database.
@@ -75,36 +71,4 @@ chunk_table = Table(
     Column("seq", Integer, primary_key=True, autoincrement=False),
     Column("sha256", String(SHA256_HEX_CHARS), nullable=False),
     Column("data", CHUNK_BYTES_TYPE, nullable=False),
-)
-
-NAMESPACE_CHARS = 64
-SCHEDULE_NAME_CHARS = 255
-CRON_CHARS = 255
-ACTOR_CHARS = 255
-
-# Runtime overrides of the schedules declared on JobRequests (name = the job name).
-schedule_override_table = Table(
-    SCHEDULE_OVERRIDE_TABLE,
-    metadata,
-    # The deployment's AGENT_NAMESPACE: two deployments may share one database.
-    Column("namespace", String(NAMESPACE_CHARS), primary_key=True),
-    Column("schedule_name", String(SCHEDULE_NAME_CHARS), primary_key=True),
-    Column("enabled", Boolean, nullable=False),
-    # NULL: the request's own cron applies.
-    Column("cron", String(CRON_CHARS), nullable=True),
-    Column("updated_at_ms", BigInteger, nullable=False),
-    Column("updated_by", String(ACTOR_CHARS), nullable=False),
-)
-
-# Every change made to an override: who, when, what (a JSON object of the changed fields).
-schedule_change_table = Table(
-    SCHEDULE_CHANGE_TABLE,
-    metadata,
-    Column("change_id", Integer, primary_key=True, autoincrement=True),
-    Column("namespace", String(NAMESPACE_CHARS), nullable=False),
-    Column("schedule_name", String(SCHEDULE_NAME_CHARS), nullable=False),
-    Column("changed_at_ms", BigInteger, nullable=False),
-    Column("changed_by", String(ACTOR_CHARS), nullable=False),
-    Column("change", Text, nullable=False),
-    Index("ix_agent_async_schedule_change_name", "namespace", "schedule_name", "changed_at_ms"),
 )

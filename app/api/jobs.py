@@ -52,7 +52,7 @@ async def list_jobs(query_args: Page) -> Response:
     rt = runtime()
     uid = current_principal().uid
     states = await rt.client.list_for_user(uid, offset=query_args.offset, limit=query_args.limit)
-    total = await rt.agent.persistency.count_for_user(uid)
+    total = await rt.client.count_for_user(uid)
     items = [{"job_id": s.job_id, "job": rt.serializer.dump(s)} for s in states]
     return jsonify({"jobs": items, "total": total, "offset": query_args.offset, "limit": query_args.limit})
 

@@ -18,9 +18,9 @@ def runs_key(namespace: str) -> str:
     return f"{namespace}:faults:runs"
 
 
-async def work_then_upsert(job: Job, job_id: str, duration_s: float) -> dict[str, Any]:
-    redis = job.agent.redis
-    namespace = job.agent.keys.namespace
+async def work_then_upsert(job: Job[Any], job_id: str, duration_s: float) -> dict[str, Any]:
+    redis = job.resources.redis
+    namespace = job.resources.namespace
     await redis.hincrby(runs_key(namespace), job_id, 1)
     await asyncio.sleep(duration_s)
     # The side effect: an upsert keyed by job id, so a re-run cannot duplicate it.
@@ -39,11 +39,11 @@ class ResumeUpsert(JobRequest):
 
 
 @agent_job
-class ResumeUpsertJob(Job):
+class ResumeUpsertJob(Job[ResumeUpsert]):
     request_class = ResumeUpsert
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
-        return await work_then_upsert(self, job_id, payload["duration_s"])
+    async def process(self, request: ResumeUpsert, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        return await work_then_upsert(self, job_id, request.duration_s)
 
 
 @dataclass
@@ -56,11 +56,11 @@ class OnceUpsert(JobRequest):
 
 
 @agent_job
-class OnceUpsertJob(Job):
+class OnceUpsertJob(Job[OnceUpsert]):
     request_class = OnceUpsert
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
-        return await work_then_upsert(self, job_id, payload["duration_s"])
+    async def process(self, request: OnceUpsert, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        return await work_then_upsert(self, job_id, request.duration_s)
 
 
 def burn_cpu_ignoring_sigterm(seconds: float, marker_path: str) -> None:
@@ -84,12 +84,12 @@ class Blocking(JobRequest):
 
 
 @agent_job
-class BlockingJob(Job):
+class BlockingJob(Job[Blocking]):
     request_class = Blocking
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
-        await self.agent.redis.hincrby(runs_key(self.agent.keys.namespace), job_id, 1)
-        await run_in_child(burn_cpu_ignoring_sigterm, payload["seconds"], payload["marker_path"])
+    async def process(self, request: Blocking, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        await self.resources.redis.hincrby(runs_key(self.resources.namespace), job_id, 1)
+        await run_in_child(burn_cpu_ignoring_sigterm, request.seconds, request.marker_path)
         return {}
 
 

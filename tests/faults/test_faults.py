@@ -40,7 +40,7 @@ async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: st
 
 
 async def all_states(agent: Agent, ids: list[str]) -> list[JobState]:
-    states = await agent.persistency.get_many(ids)
+    states = await agent.job_store.get_many(ids)
     assert all(s is not None for s in states), "a state vanished"
     return [s for s in states if s is not None]
 
@@ -58,7 +58,7 @@ async def kill_loop(agent: Agent, ids: list[str], workers: object, rng: random.R
         proc = workers.start()  # type: ignore[attr-defined]
 
         async def taken_back(before: dict[str, int] = before) -> bool:
-            states = await agent.persistency.get_many(list(before))
+            states = await agent.job_store.get_many(list(before))
             return all(
                 s is not None and (s.status is not JobStatus.STARTED or s.attempts > before[s.job_id]) for s in states
             )
@@ -87,7 +87,7 @@ async def test_sigkilled_workers_lose_nothing_with_resume(
     lost = [s for s in states if s.status is not JobStatus.SUCCESS]
     effects = await redis.hgetall(effects_key(namespace))
     runs = {k.decode(): int(v) for k, v in (await redis.hgetall(runs_key(namespace))).items()}
-    leaked = await agent.persistency.slots_held(agent.keys.gate(ResumeUpsert.name, "u"))
+    leaked = await agent.job_store.slots_held(agent.keys.gate(ResumeUpsert.name, "u"))
     FIGURES["sigkill_resume"] = {
         "jobs": JOBS,
         "kills": KILLS,
@@ -100,7 +100,7 @@ async def test_sigkilled_workers_lose_nothing_with_resume(
     assert lost == []
     assert set(k.decode() for k in effects) == set(ids)
     assert leaked == 0
-    assert await agent.persistency.active_job_ids() == []
+    assert await agent.job_store.active_job_ids() == []
     assert max(detections) < agent.settings.reconcile_interval_s + 1.2 + 3, "dead worker noticed fast"
 
 
@@ -122,7 +122,7 @@ async def test_sigkilled_workers_never_rerun_without_resume(
         "kills": KILLS,
         "failed_worker_lost": len(lost),
         "ran_twice": sum(n > 1 for n in runs.values()),
-        "leaked_slots": await agent.persistency.slots_held(agent.keys.gate(OnceUpsert.name, "u")),
+        "leaked_slots": await agent.job_store.slots_held(agent.keys.gate(OnceUpsert.name, "u")),
         "max_detect_dead_worker_s": round(max(detections, default=0.0), 2),
     }
     assert {s.status for s in states} <= {JobStatus.SUCCESS, JobStatus.FAILURE}
@@ -173,7 +173,7 @@ async def test_cancel_storm(agent: Agent, client: ClientAgent, workers: object, 
         "already_finished": outcomes.get(JobStatus.SUCCESS, 0),
         "running_canceled": len(running_stop_s),
         "max_cancel_to_canceled_running_s": round(max(running_stop_s, default=0.0), 3),
-        "leaked_slots": await agent.persistency.slots_held(agent.keys.gate(ResumeUpsert.name, "u")),
+        "leaked_slots": await agent.job_store.slots_held(agent.keys.gate(ResumeUpsert.name, "u")),
     }
     assert running_stop_s, "some cancels hit running jobs"
     assert FIGURES["cancel_storm"]["leaked_slots"] == 0

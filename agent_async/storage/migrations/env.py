@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import agent_async.schedules.tables  # noqa: F401  (its tables join the metadata)
 from agent_async.storage.alembic_env import run_environment
 from agent_async.storage.engine import create_engine, parse_url
 from agent_async.storage.schema import VERSION_TABLE, metadata

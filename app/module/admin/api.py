@@ -7,8 +7,8 @@ from typing import Any
 from quart import Blueprint, Response, jsonify, request
 from quart_schema import document_request, document_response, tag
 
-from agent_async.schedule import cron_problem
-from agent_async.scheduler import Scheduler
+from agent_async.schedules.cron import cron_problem
+from agent_async.schedules.scheduler import Scheduler
 from app.api.context import current_principal, runtime
 from app.api.schemas import ErrorOut, ScheduleList, SchedulePatch, ScheduleView
 from app.errors import ApiError
@@ -21,7 +21,7 @@ blueprint = Blueprint("admin", __name__, url_prefix="/admin")
 def _scheduler() -> Scheduler:
     if not current_principal().admin:
         raise ApiError(403, "forbidden", "an admin token is required")
-    return runtime().agent.scheduler
+    return runtime().client.schedules
 
 
 @blueprint.get("/schedules")

@@ -12,12 +12,14 @@ logger = logging.getLogger(__name__)
 
 
 @agent_job
-class JobCleanupLargeStore(Job):
+class JobCleanupLargeStore(Job[JobRequestCleanupLargeStore]):
     request_class = JobRequestCleanupLargeStore
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
-        max_age_s = self.agent.settings.large_store_max_age_s
+    async def process(
+        self, request: JobRequestCleanupLargeStore, *, user_uid: str | None, job_id: str
+    ) -> dict[str, Any]:
+        max_age_s = self.resources.settings.large_store_max_age_s
         # The agent's store is scoped to the agent source: contact photos and the like are untouched.
-        purged = await self.agent.get_large_store().purge_older_than(max_age_s)
+        purged = await self.resources.large_store().purge_older_than(max_age_s)
         logger.info("job %s purged %d agent blob(s) older than %ds", job_id, purged, max_age_s)
         return {"purged": purged, "max_age_s": max_age_s}

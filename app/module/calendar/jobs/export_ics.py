@@ -30,17 +30,17 @@ def ics_filename(calendar_name: str) -> str:
 
 
 @agent_job
-class JobExportIcs(Job):
+class JobExportIcs(Job[JobRequestExportIcs]):
     request_class = JobRequestExportIcs
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+    async def process(self, request: JobRequestExportIcs, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         repository = CalendarRepository(current_runtime().engine)
-        key = payload["calendar_key"]
+        key = request.calendar_key
         # The owner is checked again here: a job only ever reads its own user's calendar.
         calendar = await repository.get_calendar(key, user_uid or "")
         if calendar is None:
             raise CalendarGoneError(f"calendar {key} does not exist for this user")
         events = await repository.list_events(key)
-        ref = await self.agent.get_large_store().save(build_ics(calendar, events), ICS_CONTENT_TYPE)
+        ref = await self.resources.large_store().save(build_ics(calendar, events), ICS_CONTENT_TYPE)
         logger.info("job %s exported %d events of calendar %s", job_id, len(events), key)
         return {"large_result": ref, "filename": ics_filename(calendar.name), "events": len(events)}

@@ -21,17 +21,17 @@ class UploadGoneError(LookupError):
 
 
 @agent_job
-class JobImportIcs(Job):
+class JobImportIcs(Job[JobRequestImportIcs]):
     request_class = JobRequestImportIcs
 
     def public_payload(self, payload: dict[str, Any]) -> dict[str, Any]:
         # The blob's storage locator is internal: the owner sees which calendar, not where the file sits.
         return {key: value for key, value in payload.items() if key != "source_ref"}
 
-    async def process(self, payload: dict[str, Any], *, user_uid: str | None, job_id: str) -> dict[str, Any]:
-        store = self.agent.get_large_store()
+    async def process(self, request: JobRequestImportIcs, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        store = self.resources.large_store()
         repository = CalendarRepository(current_runtime().engine)
-        key, ref = payload["calendar_key"], payload["source_ref"]
+        key, ref = request.calendar_key, request.source_ref
         calendar = await repository.get_calendar(key, user_uid or "")
         if calendar is None:
             await store.delete(ref)

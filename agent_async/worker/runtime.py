@@ -1,17 +1,14 @@
-"""WorkerRuntime: what a worker process runs beside arq: leases, cancel requests, recovery."""
+"""WorkerRuntime: what a worker process runs beside the engine: leases, cancel requests, recovery."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING
 
-from agent_async.child import RunHandle
-from agent_async.recovery import JobRecovery
-
-if TYPE_CHECKING:
-    from agent_async.agent import Agent
+from agent_async.store import JobStore
+from agent_async.worker.child import RunHandle
+from agent_async.worker.recovery import JobRecovery
 
 __all__ = ["WorkerRuntime"]
 
@@ -19,8 +16,6 @@ logger = logging.getLogger(__name__)
 
 # Waiting for a cancel message blocks at most this long, so a dead subscription is noticed.
 _LISTEN_TIMEOUT_S = 1.0
-# Active jobs looked at per recovery pass (besides every run whose lease ran out).
-_RECOVERY_PAGE = 500
 # Pause before retrying a background loop that hit an error (Redis down, typically).
 _ERROR_PAUSE_S = 1.0
 
@@ -34,10 +29,12 @@ class WorkerRuntime:
     - recovery: JobRecovery at start-up, then every reconcile interval, under the recovery lock.
     """
 
-    def __init__(self, agent: Agent) -> None:
-        self.agent = agent
+    def __init__(self, store: JobStore, *, recovery: JobRecovery, lease_s: float, reconcile_interval_s: float) -> None:
+        self._store = store
+        self.recovery = recovery
+        self._lease_s = lease_s
+        self._reconcile_interval_s = reconcile_interval_s
         self.running: dict[str, RunHandle] = {}
-        self.recovery = JobRecovery(agent, page_size=_RECOVERY_PAGE)
         self._tasks: set[asyncio.Task[None]] = set()
 
     def track(self, job_id: str) -> RunHandle:
@@ -62,10 +59,9 @@ class WorkerRuntime:
                 logger.warning("start-up recovery settled %d orphaned job(s)", settled)
         except Exception:
             logger.exception("start-up recovery failed; the periodic pass will retry")
-        settings = self.agent.settings
-        self._spawn(self._every(settings.lease_s / 3, self._heartbeat))
+        self._spawn(self._every(self._lease_s / 3, self._heartbeat))
         self._spawn(self._listen_for_cancels())
-        self._spawn(self._every(settings.reconcile_interval_s, self._reconcile))
+        self._spawn(self._every(self._reconcile_interval_s, self._reconcile))
 
     async def stop(self) -> None:
         for task in self._tasks:
@@ -87,17 +83,17 @@ class WorkerRuntime:
                 logger.exception("worker background step %s failed; retrying", step.__name__)
 
     async def _heartbeat(self) -> None:
-        flagged = await self.agent.persistency.renew_leases(list(self.running))
+        flagged = await self._store.renew_leases(list(self.running))
         for job_id in flagged:
             self.request_cancel(job_id)
 
     async def _reconcile(self) -> None:
-        await self.recovery.reconcile_orphans(lock_ttl_s=self.agent.settings.reconcile_interval_s)
+        await self.recovery.reconcile_orphans(lock_ttl_s=self._reconcile_interval_s)
 
     async def _listen_for_cancels(self) -> None:
-        channel = self.agent.keys.cancel_channel
+        channel = self._store.keys.cancel_channel
         while True:
-            pubsub = self.agent.redis.pubsub(ignore_subscribe_messages=True)
+            pubsub = self._store.redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel)
                 while True:

@@ -11,8 +11,8 @@ from typing import Any
 from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from agent_async.schedules.tables import schedule_change_table, schedule_override_table
 from agent_async.storage.engine import create_engine, parse_url, translate_errors
-from agent_async.storage.schema import schedule_change_table, schedule_override_table
 
 __all__ = ["UNSET", "ScheduleChange", "ScheduleOverride", "ScheduleOverrides"]
 

@@ -6,15 +6,32 @@ import json
 import math
 from typing import Any
 
-__all__ = ["check_json_safe", "dumps", "loads"]
+__all__ = ["check_json_safe", "dumps", "dumps_bytes", "loads"]
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+
+
+def _exception_as_dict(value: object) -> object:
+    if isinstance(value, BaseException):
+        return {"exc_type": type(value).__name__, "message": str(value)}
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+# The same JSON, except that an exception becomes {exc_type, message}: the queue engine stores the
+# exception of a job it dropped, and only its type and message are kept.
+_ENCODER_WITH_EXCEPTIONS = json.JSONEncoder(
+    ensure_ascii=False, allow_nan=False, separators=(",", ":"), default=_exception_as_dict
+)
 
 
 def dumps(value: Any) -> str:
     """Strict JSON: raises TypeError/ValueError for anything JSON cannot carry (NaN included)."""
     return _ENCODER.encode(value)
 
+
+def dumps_bytes(value: Any, *, exceptions: bool = False) -> bytes:
+    """`dumps` as UTF-8 bytes; `exceptions=True` turns exceptions into {exc_type, message}."""
+    return (_ENCODER_WITH_EXCEPTIONS if exceptions else _ENCODER).encode(value).encode()
 
 
 def loads(raw: str | bytes) -> Any:

@@ -2,30 +2,45 @@
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from enum import StrEnum
+from typing import Any, Protocol
 from zoneinfo import ZoneInfo
 
-from croniter import croniter
-
-from agent_async.errors import ERROR_JOB_CONCURRENT_LIMIT, EnqueueError, RequestException, StorageError
-from agent_async.overrides import ScheduleOverride, ScheduleOverrides
+from agent_async.errors import DuplicateJobError, RequestCode, RequestRefusedError, StorageError
+from agent_async.registry import JobRegistry
 from agent_async.request import JobRequest
-from agent_async.schedule import cron_problem, next_fire
+from agent_async.schedules.cron import cron_problem, matches, next_fire
+from agent_async.schedules.overrides import ScheduleOverride, ScheduleOverrides
+from agent_async.settings import AgentSettings
 from agent_async.state import JobState
+from agent_async.store import JobStore
 
-if TYPE_CHECKING:
-    from agent_async.agent import Agent
-
-__all__ = ["ScheduleView", "Scheduler"]
+__all__ = ["FireResult", "ScheduleView", "Scheduler"]
 
 logger = logging.getLogger(__name__)
 
-# Skips remembered per schedule (newest first).
-_SKIPS_KEPT = 100
+
+class FireResult(StrEnum):
+    """What one tick of a schedule did."""
+
+    ENQUEUED = "enqueued"
+    DUPLICATE = "duplicate"  # another worker (or the other half of a day OR) got there first
+    SKIPPED = "skipped"  # the previous run is still going (the gate is full)
+    DISABLED = "disabled"
+    INVALID = "invalid"  # the request cannot be built without arguments
+    UNKNOWN = "unknown"  # no such schedule
+    NOT_MINE = "not-mine"  # the tick is for the declared cron, or for the override ticker
+    NOT_DUE = "not-due"  # the override ticker's minute does not match the replaced cron
+
+
+class CreateJob(Protocol):
+    """The enqueue path (Agent.create_job)."""
+
+    def __call__(self, request: JobRequest, *, job_id: str, schedule_name: str) -> Awaitable[JobState]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,13 +82,24 @@ class Scheduler:
     which run. A run's job id is `<schedule>@<fire time ms>`, so however many workers or arq crons
     see the same tick, one run is created."""
 
-    def __init__(self, agent: Agent, overrides: ScheduleOverrides) -> None:
-        self.agent = agent
+    def __init__(
+        self,
+        *,
+        registry: JobRegistry,
+        store: JobStore,
+        create_job: CreateJob,
+        overrides: ScheduleOverrides,
+        settings: AgentSettings,
+    ) -> None:
+        self._registry = registry
+        self._store = store
+        self._create_job = create_job
         self.overrides = overrides
-        self.timezone = ZoneInfo(agent.settings.schedule_timezone)
+        self._allowlist = settings.schedule_allowlist
+        self.timezone = ZoneInfo(settings.schedule_timezone)
 
     def schedules(self) -> dict[str, type[JobRequest]]:
-        return {name: cls for name, cls in sorted(self.agent.registry.requests().items()) if cls.cron}
+        return {name: cls for name, cls in sorted(self._registry.requests().items()) if cls.cron}
 
     async def views(self) -> list[ScheduleView]:
         overrides = await self._overrides(fresh=True)
@@ -85,7 +111,7 @@ class Scheduler:
             return None
         return await self._view(name, request_class, (await self._overrides(fresh=True)).get(name))
 
-    async def fire(self, name: str, fire_at: datetime, *, replaced_only: bool = False) -> str:
+    async def fire(self, name: str, fire_at: datetime, *, replaced_only: bool = False) -> FireResult:
         """Create the run of `name` due at `fire_at`; returns what happened (for logs and tests).
 
         `replaced_only`: called by the per-minute override ticker, which runs only the schedules
@@ -93,55 +119,47 @@ class Scheduler:
         """
         request_class = self.schedules().get(name)
         if request_class is None:
-            return "unknown"
+            return FireResult.UNKNOWN
         override = (await self._overrides()).get(name)
         cron, enabled, reason = self._effective(name, request_class, override)
         replaced = cron is not None and cron != request_class.cron
         if replaced != replaced_only:
-            return "not-mine"
-        if replaced_only and (cron is None or not croniter.match(cron, fire_at.astimezone(self.timezone))):
-            return "not-due"
+            return FireResult.NOT_MINE
+        if replaced_only and (cron is None or not matches(cron, fire_at.astimezone(self.timezone))):
+            return FireResult.NOT_DUE
         if not enabled:
             await self._record_skip(name, fire_at, reason or "disabled")
-            return "disabled"
+            return FireResult.DISABLED
         return await self._enqueue(name, request_class, fire_at)
 
-    async def tick_overrides(self, at: datetime) -> dict[str, str]:
+    async def tick_overrides(self, at: datetime) -> dict[str, FireResult]:
         """The per-minute tick for schedules whose cron was replaced at runtime."""
         return {name: await self.fire(name, at, replaced_only=True) for name in self.schedules()}
 
     async def skips(self, name: str, *, limit: int = 20) -> list[dict[str, Any]]:
-        raw = await self.agent.redis.lrange(self.agent.keys.schedule_skips(name), 0, limit - 1)  # type: ignore[misc]
-        return [json.loads(item) for item in raw]
+        return await self._store.skips(name, limit=limit)
 
-    async def _enqueue(self, name: str, request_class: type[JobRequest], fire_at: datetime) -> str:
+    async def _enqueue(self, name: str, request_class: type[JobRequest], fire_at: datetime) -> FireResult:
         fire_ms = int(fire_at.timestamp() * 1000)
         try:
             request = request_class()
         except TypeError as exc:
             await self._record_skip(name, fire_at, f"the request cannot be built without arguments: {exc}")
-            return "invalid"
+            return FireResult.INVALID
         try:
-            await self.agent.create_job(request, job_id=f"{name}@{fire_ms}", schedule_name=name)
-        except RequestException as exc:
-            if exc.code != ERROR_JOB_CONCURRENT_LIMIT:
+            await self._create_job(request, job_id=f"{name}@{fire_ms}", schedule_name=name)
+        except RequestRefusedError as exc:
+            if exc.code != RequestCode.JOB_CONCURRENT_LIMIT:
                 raise
             logger.info("schedule %s: tick %s skipped, the previous run is still going", name, fire_at)
             await self._record_skip(name, fire_at, "the previous run is still going")
-            return "skipped"
-        except EnqueueError as exc:
-            if "already exists" in str(exc):
-                return "duplicate"  # another worker (or the other half of a day OR) got there first
-            raise
-        return "enqueued"
+            return FireResult.SKIPPED
+        except DuplicateJobError:
+            return FireResult.DUPLICATE
+        return FireResult.ENQUEUED
 
     async def _record_skip(self, name: str, fire_at: datetime, reason: str) -> None:
-        key = self.agent.keys.schedule_skips(name)
-        entry = json.dumps({"fire_at": fire_at.isoformat(), "reason": reason})
-        async with self.agent.redis.pipeline(transaction=True) as pipe:
-            pipe.lpush(key, entry)
-            pipe.ltrim(key, 0, _SKIPS_KEPT - 1)
-            await pipe.execute()
+        await self._store.record_skip(name, {"fire_at": fire_at.isoformat(), "reason": reason})
 
     async def _overrides(self, *, fresh: bool = False) -> dict[str, ScheduleOverride]:
         try:
@@ -160,8 +178,7 @@ class Scheduler:
         if problem is not None:
             logger.error("schedule %s is disabled: its cron override %r is invalid (%s)", name, cron, problem)
             return None, False, f"invalid cron override: {problem}"
-        allowlist = self.agent.settings.schedule_allowlist
-        if allowlist and name not in allowlist:
+        if self._allowlist and name not in self._allowlist:
             return cron, False, "not in AGENT_SCHEDULE_ALLOWLIST"
         if override is not None and not override.enabled:
             return cron, False, f"disabled by {override.updated_by}"
@@ -171,7 +188,7 @@ class Scheduler:
         self, name: str, request_class: type[JobRequest], override: ScheduleOverride | None
     ) -> ScheduleView:
         cron, enabled, reason = self._effective(name, request_class, override)
-        runs = await self.agent.persistency.list_by_schedule(name, limit=1)
+        runs = await self._store.list_by_schedule(name, limit=1)
         now = datetime.now(self.timezone)
         return ScheduleView(
             name=name,

@@ -1,24 +1,41 @@
-"""Lua scripts: called by SHA1 in one round trip, reloaded if Redis lost them, embeddable in a MULTI."""
+"""Lua scripts: `.lua` package data, called by SHA1 in one round trip, reloaded if Redis lost them."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cache
+from importlib.resources import files
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
-__all__ = ["LuaScript", "ScriptCall", "load_scripts", "run_script"]
+__all__ = ["LuaScript", "ScriptCall", "load_scripts", "lua_source", "run_script"]
 
 Arg = str | bytes | int | float
 
 
 # A packed script receives its keys and arguments as one JSON argument, [keys, args], all strings.
 _UNPACK = "local KEYS, ARGV = unpack(cjson.decode(ARGV[1]))\n"
+
+
+@cache
+def _read(package: str, name: str) -> str:
+    return files(package).joinpath("lua", name).read_text(encoding="utf-8")
+
+
+def lua_source(package: str, name: str, constants: Mapping[str, str] | None = None) -> str:
+    """The text of `<package>/lua/<name>`, its `@NAME@` placeholders filled in from `constants`."""
+    text = _read(package, name)
+    for placeholder, value in (constants or {}).items():
+        text = text.replace(placeholder, value)
+    if "@" in "".join(line.split("--", 1)[0] for line in text.splitlines()):
+        raise ValueError(f"{package}/lua/{name}: a placeholder was left unfilled")
+    return text
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""KeySpace: the one place that names every Redis key this layer writes."""
+"""KeySpace: the one place that names every Redis key of the job store (the engine names its own)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ GLOBAL_SCOPE = "_global"
 class KeySpace:
     """Key layout under one namespace; two namespaces on one Redis never share a key of ours.
 
-    arq's own per-job keys (`arq:job:<id>`, `arq:in-progress:<id>`, ...) are global; Agent makes
-    them distinct by prefixing the engine job id with the namespace (see `engine_job_id`).
+    The queue engine's keys (its queue, its per-job keys) are named by the engine package, under
+    the same namespace.
     """
 
     namespace: str
@@ -32,17 +32,6 @@ class KeySpace:
     def schedule_skips(self, schedule_name: str) -> str:
         """Recent ticks of a schedule that created no run, and why (newest first)."""
         return f"{self.namespace}:schedule:skips:{schedule_name}"
-
-    def cron_function(self, schedule_name: str, index: int) -> str:
-        """Name of the arq cron function `index` of a schedule (its ticks' arq job ids start so)."""
-        return f"{self.namespace}:cron:{schedule_name}:{index}"
-
-    @property
-    def override_ticker(self) -> str:
-        return f"{self.namespace}:cron:_overrides"
-
-    def is_cron_tick(self, engine_job_id: str) -> bool:
-        return engine_job_id.startswith(f"{self.namespace}:cron:")
 
     @property
     def active_index(self) -> str:
@@ -62,16 +51,5 @@ class KeySpace:
         return f"{self.namespace}:cancel"
 
     @property
-    def queue(self) -> str:
-        return f"{self.namespace}:queue"
-
-    @property
     def recovery_lock(self) -> str:
         return f"{self.namespace}:lock:recovery"
-
-    def engine_job_id(self, job_id: str) -> str:
-        return f"{self.namespace}:{job_id}"
-
-    def job_id_from_engine(self, engine_job_id: str) -> str | None:
-        prefix = f"{self.namespace}:"
-        return engine_job_id[len(prefix):] if engine_job_id.startswith(prefix) else None

@@ -10,13 +10,14 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from agent_async import codec
-from agent_async.child import RunHandle, current_run
-from agent_async.errors import SoftTimeLimitExceeded
+from agent_async.errors import RequestRefusedError, SoftTimeLimitExceeded
 from agent_async.job import Job
-from agent_async.state import JobStatus
+from agent_async.lifecycle import ErrorKind, JobStatus, Outcome
+from agent_async.request import JobRequest
+from agent_async.store import codec
+from agent_async.worker.child import RunHandle, current_run
 
-__all__ = ["Backoff", "JobContextFactory", "JobRunner", "Outcome", "StopPolicy"]
+__all__ = ["Backoff", "JobContextFactory", "JobRunner", "StopPolicy"]
 
 logger = logging.getLogger(__name__)
 
@@ -25,16 +26,6 @@ JobContextFactory = Callable[[], AbstractAsyncContextManager[Any]]
 # After phase 2 (children killed) a task gets this long to finish before it is abandoned.
 _AFTER_KILL_WAIT_S = 1.0
 _CHILD_EXIT_POLL_S = 0.05
-
-
-@dataclass(frozen=True, slots=True)
-class Outcome:
-    """How one attempt ended: SUCCESS, FAILURE, CANCELED, or RETRY after `retry_in_s`."""
-
-    status: JobStatus
-    result: dict[str, Any] | None = None
-    error: str | None = None
-    retry_in_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,7 +60,7 @@ class JobRunner:
 
     def __init__(
         self,
-        job: Job,
+        job: Job[Any],
         *,
         backoff: Backoff,
         stop: StopPolicy,
@@ -84,9 +75,15 @@ class JobRunner:
     async def run(
         self, payload: dict[str, Any], *, job_id: str, user_uid: str | None, attempt: int, handle: RunHandle
     ) -> Outcome:
+        try:
+            request = self.request_class.from_payload(payload)
+        except RequestRefusedError as exc:
+            # The stored payload no longer builds the request (its fields changed since it was
+            # queued): no retry can fix that.
+            return Outcome(JobStatus.FAILURE, error=f"the payload does not fit {self.request_class.__name__}: {exc}")
         token = current_run.set(handle)
         try:
-            task = asyncio.create_task(self._process(payload, job_id, user_uid), name=f"job {job_id}")
+            task = asyncio.create_task(self._process(request, job_id, user_uid), name=f"job {job_id}")
         finally:
             current_run.reset(token)
         try:
@@ -97,9 +94,9 @@ class JobRunner:
             handle.kill_children()
             raise
 
-    async def _process(self, payload: dict[str, Any], job_id: str, user_uid: str | None) -> dict[str, Any]:
+    async def _process(self, request: JobRequest, job_id: str, user_uid: str | None) -> dict[str, Any]:
         async with self._context() if self._context else nullcontext():
-            return await self.job.process(payload, user_uid=user_uid, job_id=job_id)
+            return await self.job.process(request, user_uid=user_uid, job_id=job_id)
 
     async def _supervise(self, task: asyncio.Task[dict[str, Any]], handle: RunHandle, attempt: int) -> Outcome:
         soft_s = float(self.request_class.soft_timeout_seconds)
@@ -115,8 +112,8 @@ class JobRunner:
         if phase == "stopped cooperatively":
             return self._failed(SoftTimeLimitExceeded(why), attempt)
         hard_s = soft_s + grace_s
-        return Outcome(JobStatus.FAILURE, error=f"HardTimeLimitExceeded: hard time limit of {hard_s:g}s exceeded "
-                                                f"({phase})")
+        return Outcome(JobStatus.FAILURE,
+                       error=ErrorKind.HARD_TIME_LIMIT.describe(f"hard time limit of {hard_s:g}s exceeded ({phase})"))
 
     async def _stop(self, task: asyncio.Task[Any], handle: RunHandle, why: str, grace_s: float) -> str:
         """Phase 1, then phase 2 if needed; says which one ended the attempt."""

@@ -1,0 +1,236 @@
+"""arq's hooks: the one place where JobState transitions are driven, on both worker kinds.
+
+- `on_job_start`: the START transition (PENDING/RETRY -> STARTED, attempts + 1, lease). On the
+  fast worker it rides arq's pickup transaction; here its reply is read (or, under arq's stock
+  Worker, the transition is sent).
+- the job function (`job_entry`): runs the attempt through the JobHandler and keeps its Outcome
+  in arq's per-job ctx, since no arq hook sees a job's result or exception.
+- `on_job_end`: the outcome (SUCCESS, FAILURE, CANCELED, RETRY, or a hand-back). It runs before
+  arq writes anything: on the fast worker the outcome is committed inside arq's finish
+  transaction (one atomic write); under the stock Worker it is written here, before arq's
+  finish. `after_job_end` is not used: a worker that died between arq's result write and that
+  hook would leave a finished job STARTED, later reported lost (or run again).
+- jobs arq drops before running them call no hook: the fast worker ends them in arq's own
+  failed-finish transaction (`dropped_call`), the recovery pass does so under the stock Worker.
+Every hook catches everything: a hook that raises kills arq's poll loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from arq.worker import Retry
+from redis.asyncio import Redis
+
+from agent_async.engine.wire import EngineNames, dropped_from_result
+from agent_async.errors import AgentError
+from agent_async.lifecycle import JobStatus, Outcome, StartDecision, dropped_outcome, interrupted_outcome
+from agent_async.registry import JobRegistry
+from agent_async.schedules.scheduler import FireResult
+from agent_async.store import JobStore, ScriptCall
+
+__all__ = ["Hooks", "JobHandler", "Piggyback", "ScheduleTicker"]
+
+logger = logging.getLogger(__name__)
+
+# When on_job_start could not reach Redis, the job is handed back to the queue for this long.
+_START_FAILED_RETRY_S = 1.0
+# Attempts (and the pause between them) to record an outcome before giving up to the reconciler.
+_RECORD_TRIES = 3
+_RECORD_PAUSE_S = 0.2
+
+# ctx keys shared by our hooks and the job function within one arq run.
+_CTX_DECISION = "agent_async.decision"
+_CTX_OUTCOME = "agent_async.outcome"
+# Set in the worker ctx by the fast worker: outcomes are committed inside arq's finish transaction.
+CTX_COMMIT_IN_FINISH = "agent_async.commit_in_finish"
+
+
+class JobHandler(Protocol):
+    """What the hooks need from the worker side of the library (agent_async.worker)."""
+
+    async def startup(self, redis: Redis) -> None: ...
+
+    async def shutdown(self) -> None: ...
+
+    async def run(self, name: str, payload: dict[str, Any], *, job_id: str, decision: StartDecision) -> Outcome: ...
+
+
+class ScheduleTicker(Protocol):
+    """What a cron tick calls (agent_async.schedules.Scheduler)."""
+
+    async def fire(self, name: str, fire_at: datetime) -> FireResult: ...
+
+    async def tick_overrides(self, at: datetime) -> dict[str, FireResult]: ...
+
+
+@dataclass(eq=False)
+class Piggyback:
+    """A script riding on the next transaction arq opens in this task, and its reply."""
+
+    call: ScriptCall
+    sent: bool = False
+    reply: Any = None
+
+
+# The start transition riding on arq's pickup transaction, set only while the fast worker's
+# run_job runs; on_job_start reads the reply from it.
+START_PIGGYBACK: ContextVar[Piggyback | None] = ContextVar("agent_async_start", default=None)
+
+
+class Hooks:
+    """arq's hooks and job functions for one namespace, bound to the store and the job handler."""
+
+    def __init__(
+        self,
+        *,
+        store: JobStore,
+        names: EngineNames,
+        registry: JobRegistry,
+        jobs: JobHandler,
+        schedules: Callable[[], ScheduleTicker],
+    ) -> None:
+        self._store = store
+        self._names = names
+        self._registry = registry
+        self._jobs = jobs
+        self._schedules = schedules
+        # Outcomes waiting for arq's finish transaction, by engine job id (fast worker only).
+        self._commits: dict[str, ScriptCall] = {}
+
+    # -- process -----------------------------------------------------------------------------
+
+    async def on_startup(self, ctx: dict[str, Any]) -> None:
+        await self._jobs.startup(ctx["redis"])
+
+    async def on_shutdown(self, ctx: dict[str, Any]) -> None:
+        await self._jobs.shutdown()
+
+    # -- one job -----------------------------------------------------------------------------
+
+    async def on_job_start(self, ctx: dict[str, Any]) -> None:
+        engine_id = ctx.get("job_id", "?")
+        if self._names.is_cron_tick(engine_id):
+            # A schedule's tick: it creates a tracked run, it is not one.
+            ctx[_CTX_DECISION] = StartDecision(run=False, reason="cron tick")
+            return
+        job_id = self._names.job_id(engine_id)
+        piggyback = START_PIGGYBACK.get()
+        try:
+            if job_id is None:
+                ctx[_CTX_DECISION] = StartDecision(run=False, reason="not a job of this namespace")
+            elif piggyback is not None and piggyback.sent and not isinstance(piggyback.reply, Exception):
+                ctx[_CTX_DECISION] = self._store.parse_start(piggyback.reply)
+            else:
+                ctx[_CTX_DECISION] = await self._store.start(job_id)
+        except Exception:
+            logger.exception("job %s: could not record STARTED; it goes back to the queue", engine_id)
+            return
+        decision = ctx[_CTX_DECISION]
+        if not decision.run:
+            logger.warning("job %s not run: %s", engine_id, decision.reason)
+
+    def job_entry(self, name: str) -> Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]]:
+        """The arq function of one job name: runs the attempt whose start on_job_start recorded."""
+
+        async def run(ctx: dict[str, Any], payload: dict[str, Any]) -> None:
+            decision: StartDecision | None = ctx.get(_CTX_DECISION)
+            if decision is None:
+                # on_job_start could not record STARTED: hand the job back rather than run it untracked.
+                raise Retry(defer=_START_FAILED_RETRY_S)
+            if not decision.run:
+                return
+            job_id = self._names.job_id(ctx["job_id"]) or ctx["job_id"]
+            outcome = await self._jobs.run(name, payload, job_id=job_id, decision=decision)
+            ctx[_CTX_OUTCOME] = outcome
+            if outcome.status is JobStatus.RETRY:
+                raise Retry(defer=outcome.retry_in_s)
+
+        run.__qualname__ = f"agent_job[{name}]"
+        return run
+
+    async def on_job_end(self, ctx: dict[str, Any]) -> None:
+        decision: StartDecision | None = ctx.get(_CTX_DECISION)
+        if decision is None or not decision.run:
+            return
+        job_id = self._names.job_id(ctx["job_id"]) or ctx["job_id"]
+        outcome: Outcome | None = ctx.get(_CTX_OUTCOME)
+        if outcome is None:
+            # arq cancelled the attempt itself: a worker shutdown past its drain time.
+            outcome = interrupted_outcome(self._registry.request(decision.name), decision.attempts)
+        if ctx.get(CTX_COMMIT_IN_FINISH):
+            self._commits[ctx["job_id"]] = self._store.transition_call(
+                job_id, outcome.status, result=outcome.result, error=outcome.error
+            )
+            return
+        await self.record_outcome(job_id, outcome)
+
+    async def record_outcome(self, job_id: str, outcome: Outcome) -> None:
+        """Write an outcome on its own, retrying a few times; the reconciler covers a final failure."""
+        for attempt in range(1, _RECORD_TRIES + 1):
+            try:
+                await self._store.transition(job_id, outcome.status, result=outcome.result, error=outcome.error)
+                return
+            except Exception:
+                if attempt == _RECORD_TRIES:
+                    logger.exception("job %s: could not record %s; the reconciler will", job_id, outcome.status)
+                    return
+                await asyncio.sleep(_RECORD_PAUSE_S * attempt)
+
+    # -- the fast worker's finish transactions ----------------------------------------------
+
+    def start_piggyback(self, engine_id: str) -> Piggyback | None:
+        """The start transition to send inside arq's pickup transaction of this job, if it is ours."""
+        job_id = self._names.job_id(engine_id)
+        if job_id is None or self._names.is_cron_tick(engine_id):
+            return None
+        return Piggyback(self._store.start_call(job_id))
+
+    def take_commit(self, engine_id: str) -> ScriptCall | None:
+        """The outcome on_job_end left for arq's finish transaction of this job."""
+        return self._commits.pop(engine_id, None)
+
+    def dropped_call(self, engine_id: str, result_data: bytes | None) -> ScriptCall | None:
+        """The end of a job arq dropped before running it, to send inside arq's failed finish."""
+        job_id = self._names.job_id(engine_id)
+        if job_id is None:
+            return None
+        dropped = dropped_from_result(result_data)
+        outcome = dropped_outcome(dropped.reason if dropped else None, canceled=bool(dropped and dropped.canceled))
+        # The pickup transaction already marked it STARTED: undo that count.
+        return self._store.transition_call(job_id, outcome.status, error=outcome.error, undo_start=True)
+
+    async def send_alone(self, call: ScriptCall) -> None:
+        """Send a call that could not ride arq's transaction (Redis lost our scripts)."""
+        await self._store.run(call)
+
+    # -- schedules ---------------------------------------------------------------------------
+
+    def cron_tick(self, name: str) -> Callable[[dict[str, Any]], Awaitable[str]]:
+        async def tick(ctx: dict[str, Any]) -> str:
+            outcome = await self._schedules().fire(name, _tick_time(ctx))
+            logger.info("schedule %s: %s", name, outcome)
+            return outcome.value
+
+        tick.__qualname__ = f"cron_tick[{name}]"
+        return tick
+
+    async def override_tick(self, ctx: dict[str, Any]) -> None:
+        fired = await self._schedules().tick_overrides(_tick_time(ctx))
+        shown = {name: result.value for name, result in fired.items() if result is not FireResult.NOT_MINE}
+        if shown:
+            logger.info("override tick: %s", shown)
+
+
+def _tick_time(ctx: dict[str, Any]) -> datetime:
+    """The fire time of an arq cron tick: its job id ends with it, in ms (arq's unique cron id)."""
+    try:
+        return datetime.fromtimestamp(int(str(ctx["job_id"]).rsplit(":", 1)[1]) / 1000, UTC)
+    except (IndexError, ValueError) as exc:
+        raise AgentError(f"not a cron tick id: {ctx.get('job_id')!r}") from exc

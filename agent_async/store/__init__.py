@@ -1,0 +1,21 @@
+"""The Redis layout of the job layer: key space, JobState hash, JSON codec and the Lua scripts."""
+
+from __future__ import annotations
+
+from agent_async.store.jobs import CancelReply, EngineJob, EngineRef, GateClaim, JobStore
+from agent_async.store.keys import GLOBAL_SCOPE, KeySpace
+from agent_async.store.scripts import LuaScript, ScriptCall, lua_source, run_script
+
+__all__ = [
+    "GLOBAL_SCOPE",
+    "CancelReply",
+    "EngineJob",
+    "EngineRef",
+    "GateClaim",
+    "JobStore",
+    "KeySpace",
+    "LuaScript",
+    "ScriptCall",
+    "lua_source",
+    "run_script",
+]

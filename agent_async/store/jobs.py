@@ -1,0 +1,376 @@
+"""JobStore: JobState in Redis, its indexes, and the atomic lifecycle transitions (Lua scripts)."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError, TimeoutError
+
+from agent_async.errors import (
+    AgentError,
+    DuplicateJobError,
+    EnqueueError,
+    QueueUnavailableError,
+    RequestCode,
+    RequestRefusedError,
+)
+from agent_async.lifecycle import JobStatus, StartDecision, lua_constants, now_ms
+from agent_async.state import JobState
+from agent_async.store import codec
+from agent_async.store.keys import KeySpace
+from agent_async.store.schema import CANCEL_REQUESTED_FIELD, state_from_hash, state_to_hash
+from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_source, run_script
+
+__all__ = ["CancelReply", "EngineJob", "EngineRef", "GateClaim", "JobStore"]
+
+# Index entries older than the retention are checked this many at a time (see lib.lua's prune).
+_PRUNE_BATCH = 10
+# Recent skips remembered per schedule (newest first).
+_SKIPS_KEPT = 100
+
+
+class CancelReply(Enum):
+    """What the cancel script did."""
+
+    UNKNOWN = "unknown"  # no such job
+    REQUESTED = "requested"  # running: flagged, its worker stops it
+    SETTLED = "settled"  # now (or already) terminal
+
+
+def _script(name: str, engine_lua: str, *, packed: bool = False) -> LuaScript:
+    constants = {**lua_constants(), "@PRUNE_BATCH@": str(_PRUNE_BATCH)}
+    lib = lua_source("agent_async.store", "lib.lua", constants)
+    return LuaScript(engine_lua + "\n" + lib + "\n" + lua_source("agent_async.store", name), packed=packed)
+
+
+@dataclass(frozen=True, slots=True)
+class GateClaim:
+    """A concurrency slot to take atomically with the enqueue."""
+
+    key: str
+    limit: int
+    ttl_ms: int
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRef:
+    """Where the queue engine keeps one job: opaque to the store, named by the engine.
+
+    The store's scripts hand these keys to the engine's Lua functions (engine_queue, engine_drop,
+    engine_requeue), which alone know what they hold.
+    """
+
+    queue_key: str
+    job_key: str
+    claim_key: str
+    engine_job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class EngineJob:
+    """An engine job to queue (new, or again after its worker was lost): its bytes and run time."""
+
+    ref: EngineRef
+    job_bytes: bytes
+    score_ms: int
+    ttl_ms: int
+
+
+@contextmanager
+def _reachable(what: str) -> Iterator[None]:
+    """Turn "Redis is down" into the library's QueueUnavailableError (the API's 503)."""
+    try:
+        yield
+    except (RedisConnectionError, TimeoutError) as exc:
+        raise QueueUnavailableError(f"could not {what}: Redis is unreachable ({exc})") from exc
+
+
+def _text(reply: object) -> str:
+    return reply.decode() if isinstance(reply, bytes) else str(reply)
+
+
+class JobStore:
+    """Reads and writes JobState; every multi-key change is one Lua script, so it is all-or-nothing.
+
+    Constructing it opens nothing: `bind()` gives it the Redis client of the process (the API's
+    own, or a worker's arq pool). `engine_lua` is the queue engine's Lua library, loaded in front
+    of each script so that enqueue, cancel and orphan recovery touch the engine's keys atomically
+    without knowing their layout.
+    """
+
+    def __init__(self, *, keys: KeySpace, retention_s: int, lease_ms: int, engine_lua: str) -> None:
+        self.keys = keys
+        self.retention_s = retention_s
+        self.lease_ms = lease_ms
+        self._redis: Redis | None = None
+        self._enqueue = _script("enqueue.lua", engine_lua)
+        self._start = _script("start.lua", engine_lua, packed=True)
+        self._transition = _script("transition.lua", engine_lua, packed=True)
+        self._cancel = _script("cancel.lua", engine_lua)
+        self._orphan = _script("orphan.lua", engine_lua)
+        self._release_lock = LuaScript(lua_source("agent_async.store", "release_lock.lua"))
+
+    def bind(self, redis: Redis | None) -> None:
+        self._redis = redis
+
+    @property
+    def bound(self) -> bool:
+        return self._redis is not None
+
+    @property
+    def redis(self) -> Redis:
+        if self._redis is None:
+            raise AgentError("the Agent is not connected: use `async with agent:` or await agent.open()")
+        return self._redis
+
+    async def load_scripts(self) -> None:
+        """Make the scripts known to Redis (needed before they are queued inside another MULTI)."""
+        await load_scripts(self.redis, (self._enqueue, self._start, self._transition, self._cancel, self._orphan))
+
+    async def ping(self) -> None:
+        with _reachable("reach Redis"):
+            await self.redis.ping()
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def create(
+        self, state: JobState, *, gate: GateClaim | None, engine: EngineJob, resume: bool = False, max_try: int = 1
+    ) -> None:
+        """Persist a PENDING state, take the gate slot and queue the engine job, all or nothing.
+
+        Raises RequestRefusedError(JOB_CONCURRENT_LIMIT) when the gate is full, DuplicateJobError
+        when the id exists, EnqueueError when Redis refuses (nothing is written in any case).
+        """
+        k = self.keys
+        now = state.created_ms
+        flat: list[str | bytes | int] = []
+        # resume and max_try travel with the state so the scripts can settle a lost run alone.
+        for field_name, value in state_to_hash(state, resume=resume, max_try=max_try).items():
+            flat += [field_name, value]
+        args: list[str | bytes | int] = [
+            state.job_id, now,
+            gate.limit if gate else 0, now + gate.ttl_ms if gate else 0,
+            engine.ref.engine_job_id, engine.score_ms, engine.job_bytes, engine.ttl_ms,
+            k.state(""), now - self.retention_s * 1000,
+            *flat,
+        ]
+        keys = [
+            k.state(state.job_id), k.active_index,
+            k.user_index(state.user_uid) if state.user_uid else "",
+            k.schedule_index(state.schedule_name) if state.schedule_name else "",
+            gate.key if gate else "",
+            engine.ref.queue_key, engine.ref.job_key,
+        ]
+        try:
+            outcome = await run_script(self.redis, self._enqueue(keys, args))
+        except (RedisConnectionError, TimeoutError) as exc:
+            raise QueueUnavailableError(f"could not enqueue {state.name}: Redis is unreachable ({exc})") from exc
+        except RedisError as exc:
+            raise EnqueueError(f"could not enqueue {state.name}: {exc}") from exc
+        if outcome == 0:
+            scope = state.user_uid or "the system"
+            raise RequestRefusedError(
+                RequestCode.JOB_CONCURRENT_LIMIT,
+                f"{state.name}: {gate.limit if gate else 0} job(s) already in flight for {scope}",
+            )
+        if outcome == -1:
+            raise DuplicateJobError(f"job id {state.job_id} already exists")
+        if outcome == -2:
+            raise EnqueueError(f"a key under namespace {self.keys.namespace!r} has the wrong type")
+
+    async def start(self, job_id: str) -> StartDecision:
+        """PENDING/RETRY -> STARTED, attempts + 1; refuses to start a terminal or unknown job."""
+        return self.parse_start(await run_script(self.redis, self.start_call(job_id)))
+
+    def start_call(self, job_id: str) -> ScriptCall:
+        """The start transition, built to be sent later (e.g. inside the engine's pickup transaction)."""
+        now = now_ms()
+        k = self.keys
+        return self._start(
+            [k.state(job_id), k.active_index, k.leases], [job_id, now, now + self.lease_ms, self.retention_s]
+        )
+
+    @staticmethod
+    def parse_start(reply: Any) -> StartDecision:
+        code = int(reply[0])
+        if code == -1:
+            return StartDecision(run=False, reason="no state")
+        if code == -2:
+            return StartDecision(run=False, reason=f"already {_text(reply[1])}")
+        if code == -3:
+            return StartDecision(run=False, reason=f"redelivered after its worker was lost: {_text(reply[1])}")
+        return StartDecision(run=True, attempts=code, user_uid=_text(reply[1]) or None, name=_text(reply[2]))
+
+    async def transition(
+        self, job_id: str, status: JobStatus, *, result: dict[str, object] | None = None, error: str | None = None
+    ) -> bool:
+        """Move a non-terminal state to `status`; terminal moves release the slot and set the TTL.
+
+        Returns False when the state is missing or already terminal (never overwritten).
+        """
+        call = self.transition_call(job_id, status, result=result, error=error)
+        with _reachable(f"update job {job_id}"):
+            return bool(await run_script(self.redis, call))
+
+    async def run(self, call: ScriptCall) -> object:
+        """Send a call built earlier (see `transition_call`) on its own."""
+        return await run_script(self.redis, call)
+
+    def transition_call(
+        self,
+        job_id: str,
+        status: JobStatus,
+        *,
+        result: dict[str, object] | None = None,
+        error: str | None = None,
+        undo_start: bool = False,
+    ) -> ScriptCall:
+        """The same transition, built to be sent later (e.g. inside the engine's finish transaction)."""
+        return self._transition(
+            [self.keys.state(job_id), self.keys.active_index, self.keys.leases],
+            [
+                job_id, status.value, now_ms(), self.retention_s,
+                "" if result is None else codec.dumps(result), error or "", "1" if undo_start else "",
+            ],
+        )
+
+    async def cancel(self, job_id: str, *, engine: EngineRef) -> CancelReply:
+        """Cancel at once if not started, else flag it for its worker (see cancel.lua)."""
+        k = self.keys
+        with _reachable(f"cancel job {job_id}"):
+            reply = _text(await run_script(self.redis, self._cancel(
+                [k.state(job_id), k.active_index, k.leases, engine.queue_key, engine.job_key],
+                [job_id, now_ms(), self.retention_s, engine.engine_job_id, k.cancel_channel],
+            )))
+        if not reply:
+            return CancelReply.UNKNOWN
+        return CancelReply.REQUESTED if reply == "REQUESTED" else CancelReply.SETTLED
+
+    async def settle_orphan(self, job_id: str, *, engine: EngineJob) -> JobStatus | None:
+        """Re-queue or end a job no worker holds (see orphan.lua); None if it was alive after all."""
+        k = self.keys
+        ref = engine.ref
+        reply = _text(await run_script(self.redis, self._orphan(
+            [k.state(job_id), k.active_index, k.leases, ref.queue_key, ref.job_key, ref.claim_key],
+            [job_id, now_ms(), self.retention_s, ref.engine_job_id, engine.job_bytes, engine.score_ms,
+             engine.ttl_ms],
+        )))
+        return JobStatus(reply) if reply else None
+
+    async def renew_leases(self, job_ids: Sequence[str]) -> set[str]:
+        """Extend the leases of these running jobs; returns those with a pending cancel request."""
+        if not job_ids:
+            return set()
+        expiry = now_ms() + self.lease_ms
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(self.keys.leases, dict.fromkeys(job_ids, expiry), xx=True)
+            for job_id in job_ids:
+                pipe.hget(self.keys.state(job_id), CANCEL_REQUESTED_FIELD)
+            replies = await pipe.execute()
+        return {job_id for job_id, flag in zip(job_ids, replies[1:], strict=True) if flag}
+
+    async def lease_expiries(self, job_ids: Sequence[str]) -> list[int | None]:
+        if not job_ids:
+            return []
+        scores = await self.redis.zmscore(self.keys.leases, list(job_ids))
+        return [None if score is None else int(score) for score in scores]
+
+    # -- locks and schedule skips ------------------------------------------------------------
+
+    async def acquire_lock(self, key: str, *, ttl_s: float) -> str | None:
+        """Take a lock for `ttl_s`; returns its token, or None if another holder has it."""
+        token = uuid.uuid4().hex
+        if await self.redis.set(key, token, nx=True, px=int(ttl_s * 1000)):
+            return token
+        return None
+
+    async def release_lock(self, key: str, token: str) -> bool:
+        """Release a lock only if it is still ours: a holder that outlived its TTL frees nothing."""
+        return bool(await run_script(self.redis, self._release_lock([key], [token])))
+
+    async def record_skip(self, schedule_name: str, entry: dict[str, Any]) -> None:
+        key = self.keys.schedule_skips(schedule_name)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.lpush(key, json.dumps(entry))
+            pipe.ltrim(key, 0, _SKIPS_KEPT - 1)
+            await pipe.execute()
+
+    async def skips(self, schedule_name: str, *, limit: int = 20) -> list[dict[str, Any]]:
+        key = self.keys.schedule_skips(schedule_name)
+        raw = await self.redis.lrange(key, 0, limit - 1)  # type: ignore[misc]
+        return [json.loads(item) for item in raw]
+
+    # -- reads -------------------------------------------------------------------------------
+
+    async def get(self, job_id: str) -> JobState | None:
+        with _reachable(f"read job {job_id}"):
+            raw = await self.redis.hgetall(self.keys.state(job_id))  # type: ignore[misc]
+        return state_from_hash(raw) if raw else None
+
+    async def get_many(self, job_ids: Sequence[str]) -> list[JobState | None]:
+        if not job_ids:
+            return []
+        with _reachable("read jobs"):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for job_id in job_ids:
+                    pipe.hgetall(self.keys.state(job_id))
+                raws = await pipe.execute()
+        return [state_from_hash(raw) if raw else None for raw in raws]
+
+    async def list_for_user(self, user_uid: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
+        """The user's jobs, newest first."""
+        return await self._list(self.keys.user_index(user_uid), offset, limit)
+
+    async def count_for_user(self, user_uid: str) -> int:
+        with _reachable("count jobs"):
+            return int(await self.redis.zcard(self.keys.user_index(user_uid)))
+
+    async def list_by_schedule(self, schedule_name: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
+        return await self._list(self.keys.schedule_index(schedule_name), offset, limit)
+
+    async def active_job_ids(
+        self, *, idle_for_ms: int = 0, offset: int = 0, limit: int | None = None
+    ) -> list[str]:
+        """Non-terminal jobs whose last transition is at least `idle_for_ms` old, oldest first."""
+        cutoff = now_ms() - idle_for_ms
+        if limit is None:
+            ids = await self.redis.zrangebyscore(self.keys.active_index, "-inf", cutoff)
+        else:
+            ids = await self.redis.zrangebyscore(self.keys.active_index, "-inf", cutoff, start=offset, num=limit)
+        return [i.decode() for i in ids]
+
+    async def expired_leases(self) -> list[str]:
+        """Running jobs whose worker stopped renewing their lease."""
+        return [i.decode() for i in await self.redis.zrangebyscore(self.keys.leases, "-inf", now_ms())]
+
+    async def forget_inactive(self, job_ids: Sequence[str]) -> int:
+        """Drop active-index entries whose state is terminal or gone (left by a failed script)."""
+        states = await self.get_many(job_ids)
+        stale = [j for j, s in zip(job_ids, states, strict=True) if s is None or s.is_terminal]
+        if stale:
+            await self.redis.zrem(self.keys.active_index, *stale)
+        return len(stale)
+
+    async def slots_held(self, gate_key: str) -> int:
+        """Live (unexpired) concurrency slots under one gate key."""
+        await self.redis.zremrangebyscore(gate_key, "-inf", now_ms())
+        return int(await self.redis.zcard(gate_key))
+
+    async def _list(self, index: str, offset: int, limit: int) -> list[JobState]:
+        with _reachable("list jobs"):
+            ids = [i.decode() for i in await self.redis.zrevrange(index, offset, offset + limit - 1)]
+        states = await self.get_many(ids)
+        gone = [job_id for job_id, s in zip(ids, states, strict=True) if s is None]
+        if gone:
+            # Their state expired after the retention: the index entry is dead weight.
+            await self.redis.zrem(index, *gone)
+        return [s for s in states if s is not None]
+

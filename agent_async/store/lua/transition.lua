@@ -1,0 +1,27 @@
+-- transition: move a non-terminal state to a new status; a terminal state is never overwritten.
+-- KEYS: state, active, leases
+-- ARGV: job id, new status, now ms, retention s, result json|'', error|'',
+--       '1' to undo a start that never ran
+-- Reply: 1 if the transition happened, else 0.
+
+local state, active, leases = KEYS[1], KEYS[2], KEYS[3]
+local job_id, new_status, now = ARGV[1], ARGV[2], ARGV[3]
+local h = redis.call('HMGET', state, 'status', 'error')
+local current = h[1]
+if not current or is_terminal(current) then return 0 end
+if ARGV[5] ~= '' then redis.call('HSET', state, 'result', ARGV[5]) end
+if ARGV[6] == '' and h[2] then redis.call('HDEL', state, 'error') end
+if ARGV[7] == '1' and current == 'STARTED' then
+  -- Marked STARTED in the pickup transaction, but the engine dropped the job before running it.
+  redis.call('HINCRBY', state, 'attempts', -1)
+  redis.call('HDEL', state, 'started_ms')
+end
+if is_terminal(new_status) then
+  end_job(state, active, leases, job_id, new_status, now, ARGV[4], ARGV[6])
+else
+  redis.call('HSET', state, 'status', new_status, 'updated_ms', now)
+  if ARGV[6] ~= '' then redis.call('HSET', state, 'error', ARGV[6]) end
+  redis.call('ZADD', active, now, job_id)
+  if new_status ~= 'STARTED' then redis.call('ZREM', leases, job_id) end
+end
+return 1

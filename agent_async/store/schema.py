@@ -1,0 +1,72 @@
+"""The JobState hash: every field the store and its Lua scripts read or write, in one place.
+
+Payload and result are stored as JSON strings, so a script never decodes or re-encodes them.
+
+| field | written by | content |
+|---|---|---|
+| id, name, status, payload, attempts, created_ms | enqueue | the JobState |
+| user, schedule | enqueue | owner uid, schedule name (absent for none) |
+| result, error | transition, orphan | the outcome (result JSON; error text `<ErrorKind>: ...`) |
+| started_ms, finished_ms, updated_ms | start, transition, end | epoch ms |
+| resume, max_try | enqueue | '1'/'0' and an int: lets the scripts apply the resume rule alone |
+| gate, gate_ttl_ms | enqueue | the concurrency slot's zset key and its safety TTL |
+| cancel_requested_ms | cancel | set while a running job is asked to stop |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from agent_async.lifecycle import JobStatus
+from agent_async.state import JobState
+from agent_async.store import codec
+
+__all__ = ["CANCEL_REQUESTED_FIELD", "state_from_hash", "state_to_hash"]
+
+CANCEL_REQUESTED_FIELD = "cancel_requested_ms"
+
+
+def state_to_hash(state: JobState, *, resume: bool, max_try: int) -> dict[str, str]:
+    """The hash fields enqueue writes for a new state."""
+    fields = {
+        "id": state.job_id,
+        "name": state.name,
+        "status": state.status.value,
+        "payload": codec.dumps(state.payload),
+        "attempts": str(state.attempts),
+        "created_ms": str(state.created_ms),
+        "resume": "1" if resume else "0",
+        "max_try": str(max_try),
+    }
+    optional = {
+        "user": state.user_uid,
+        "schedule": state.schedule_name,
+        "error": state.error,
+        "result": None if state.result is None else codec.dumps(state.result),
+        "started_ms": None if state.started_ms is None else str(state.started_ms),
+        "finished_ms": None if state.finished_ms is None else str(state.finished_ms),
+    }
+    fields.update({k: v for k, v in optional.items() if v is not None})
+    return fields
+
+
+def state_from_hash(raw: Mapping[bytes, bytes]) -> JobState:
+    h = {k.decode(): v.decode() for k, v in raw.items()}
+
+    def opt_int(key: str) -> int | None:
+        return int(h[key]) if h.get(key) else None
+
+    return JobState(
+        job_id=h["id"],
+        name=h["name"],
+        user_uid=h.get("user") or None,
+        status=JobStatus(h["status"]),
+        payload=codec.loads(h["payload"]),
+        result=codec.loads(h["result"]) if h.get("result") else None,
+        error=h.get("error") or None,
+        attempts=int(h.get("attempts", "0")),
+        schedule_name=h.get("schedule") or None,
+        created_ms=int(h["created_ms"]),
+        started_ms=opt_int("started_ms"),
+        finished_ms=opt_int("finished_ms"),
+    )
