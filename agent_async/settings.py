@@ -53,8 +53,8 @@ class AgentSettings:
     shutdown_drain_s: float = 30.0
     # How often a worker looks for states that arq dropped without calling a hook.
     reconcile_interval_s: float = 5.0
-    # Packages scanned by init_jobs(): <root>/<module>/jobs/*.py.
-    job_packages: tuple[str, ...] = ("app.module",)
+    # Packages scanned by init_jobs(): <root>/<module>/jobs/*.py. None by default: the application names its own.
+    job_packages: tuple[str, ...] = ()
     # Time zone in which schedules' crons are read.
     schedule_timezone: str = "UTC"
     # When not empty, only these schedules run; the others are reported as disabled.

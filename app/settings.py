@@ -8,11 +8,14 @@ from dataclasses import dataclass, field, replace
 
 from agent_async import AgentSettings, ConfigurationError
 
-__all__ = ["AppSettings"]
+__all__ = ["APP_JOB_PACKAGES", "AppSettings"]
 
 MIN_SECRET_CHARS = 16
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 DEFAULT_TOKEN_MAX_AGE_S = 12 * 3600
+# Where the app's job modules live (app/module/<module>/jobs/*.py). The library's own default is
+# empty (it names no application); the app fills it in unless AGENT_JOB_PACKAGES names others.
+APP_JOB_PACKAGES = ("app.module",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,6 +26,7 @@ class AppSettings:
     worker never sees a token, so it may run without one.
     """
 
+    # An empty job_packages (the library's default) means the app's own: APP_JOB_PACKAGES.
     agent: AgentSettings = field(default_factory=AgentSettings)
     secret_key: str | None = field(default=None, repr=False)
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
@@ -39,6 +43,8 @@ class AppSettings:
     }
 
     def __post_init__(self) -> None:
+        if not self.agent.job_packages:
+            object.__setattr__(self, "agent", replace(self.agent, job_packages=APP_JOB_PACKAGES))
         if self.secret_key is not None and len(self.secret_key) < MIN_SECRET_CHARS:
             # Never echo the value: it is a secret even when it is a bad one.
             raise ConfigurationError(
