@@ -57,16 +57,26 @@ class JobRequest:
     @classmethod
     def from_payload(cls, payload: dict[str, Any]) -> Self:
         """Rebuild a request from `payload()`; unknown keys are refused, missing ones defaulted."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(payload) - names)
-        if unknown:
-            raise RequestRefusedError(
-                RequestCode.JOB_PAYLOAD_INVALID, f"{cls.__name__}: unknown payload fields {unknown}"
-            )
+        names = _field_names(cls)
+        if not payload.keys() <= names:
+            unknown = sorted(set(payload) - names)
+            message = f"{cls.__name__}: unknown payload fields {unknown}"
+            raise RequestRefusedError(RequestCode.JOB_PAYLOAD_INVALID, message)
         try:
             return cls(**payload)
         except TypeError as exc:
             raise RequestRefusedError(RequestCode.JOB_PAYLOAD_INVALID, f"{cls.__name__}: {exc}") from None
+
+
+# Read on every run of a job (the worker rebuilds its request): computed once per class.
+_FIELD_NAMES: dict[type[JobRequest], frozenset[str]] = {}
+
+
+def _field_names(cls: type[JobRequest]) -> frozenset[str]:
+    names = _FIELD_NAMES.get(cls)
+    if names is None:
+        names = _FIELD_NAMES[cls] = frozenset(f.name for f in dataclasses.fields(cls))
+    return names
 
 
 def _check_metadata(cls: type[JobRequest]) -> None:

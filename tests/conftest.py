@@ -2,20 +2,19 @@
 
 from __future__ import annotations
 
-import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
-from arq.worker import Worker
 from redis.asyncio import Redis
 
-from agent_async import Agent, AgentSettings, ClientAgent, JobState, JobStatus, registry
+from agent_async import Agent, AgentSettings, ClientAgent, testing
 from agent_async.registry import JobRegistry
+from agent_async.testing import running_worker, scoped_registry, wait_for_status
+
+__all__ = ["REDIS_URL", "Drain", "run_burst", "running_worker", "wait_for_status"]
 
 REDIS_URL = os.environ.get("AGENT_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
@@ -60,7 +59,7 @@ async def redis(namespace: str) -> AsyncIterator[Redis]:
 @pytest.fixture
 def job_registry() -> Iterator[JobRegistry]:
     """Jobs declared inside a test are forgotten after it."""
-    with registry.scoped() as scoped:
+    with scoped_registry() as scoped:
         yield scoped
 
 
@@ -90,35 +89,5 @@ def drain(request: pytest.FixtureRequest, agent: Agent) -> Drain:
     return lambda: run_burst(agent, request.param)
 
 
-@asynccontextmanager
-async def running_worker(agent: Agent, **overrides: Any) -> AsyncIterator[asyncio.Task[None]]:
-    """A worker serving in the background for the duration of the block."""
-    task = asyncio.create_task(agent.run_worker(poll_delay=0.005, **overrides))
-    try:
-        yield task
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-
-
-async def wait_for_status(agent: Agent, job_id: str, *statuses: JobStatus, timeout_s: float = 10) -> JobState:
-    """Poll a state until it has one of `statuses` (bounded: fails after `timeout_s`)."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while True:
-        state = await agent.job_store.get(job_id)
-        if state is not None and state.status in statuses:
-            return state
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(f"job {job_id} did not reach {statuses} within {timeout_s}s: {state}")
-        await asyncio.sleep(0.02)
-
-
 async def run_burst(agent: Agent, kind: str = "agent_worker") -> None:
-    if kind == "agent_worker":
-        await agent.run_worker(burst=True, poll_delay=0)
-        return
-    worker = Worker(**agent.worker_settings(burst=True, poll_delay=0, handle_signals=False))
-    try:
-        await worker.main()
-    finally:
-        await worker.close()
+    await testing.drain(agent, stock_worker=kind == "arq_cli_worker")

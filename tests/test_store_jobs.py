@@ -1,4 +1,4 @@
-"""JobPersistency: indexes stay consistent and bounded; terminal states expire."""
+"""JobStore: indexes stay consistent and bounded; terminal states expire."""
 
 from __future__ import annotations
 
