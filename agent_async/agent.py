@@ -12,6 +12,7 @@ from redis.asyncio import Redis
 from agent_async.engine import STORE_LUA, Engine
 from agent_async.job import JobResources
 from agent_async.lifecycle import attempt_budget_s
+from agent_async.outage import RedisOutage
 from agent_async.registry import JobRegistry, registry
 from agent_async.request import JobRequest
 from agent_async.schedules.overrides import ScheduleOverrides
@@ -59,7 +60,9 @@ class Agent:
             keys=self.keys, retention_s=settings.state_retention_s, lease_ms=int(settings.lease_s * 1000),
             engine_lua=STORE_LUA,
         )
-        self.engine = Engine(settings, store=self.job_store, registry=job_registry)
+        # One outage report per process, whichever loop meets it first.
+        outage = RedisOutage()
+        self.engine = Engine(settings, store=self.job_store, registry=job_registry, outage=outage)
         self.resources = JobResources(settings, redis=lambda: self.job_store.redis, large_store=self.get_large_store)
         self.worker = WorkerService(
             self.job_store,
@@ -70,6 +73,7 @@ class Agent:
             job_context=job_context,
             on_startup=[self._bound_hook(hook) for hook in on_worker_startup],
             on_shutdown=[self._bound_hook(hook) for hook in on_worker_shutdown],
+            outage=outage,
         )
         self._large_store = store
         self._overrides = overrides
@@ -170,14 +174,19 @@ class Agent:
         """Keyword arguments for arq's Worker, usable as `arq module.WorkerSettings` (a dict works)."""
         return self.engine.worker_settings(jobs=self.worker, schedules=lambda: self.scheduler, **overrides)
 
-    async def run_worker(self, *, burst: bool = False, **overrides: Any) -> None:
+    async def run_worker(self, *, burst: bool = False, stock_worker: bool = False, **overrides: Any) -> None:
         """Run a worker in the current event loop until stopped (or, with burst, until the queue is empty).
 
-        `handle_signals=True` lets arq own SIGINT/SIGTERM: stop taking jobs, drain for
-        shutdown_drain_s, then hand the rest back (per `resume`). By default the host owns signals
-        and stops the worker by cancelling this coroutine.
+        In the main thread the worker owns SIGINT/SIGTERM: it stops taking jobs, lets running ones
+        finish for shutdown_drain_s, hands the rest back (per `resume`) and returns normally, also
+        while it is waiting for an unreachable Redis. Pass `handle_signals=False` when the host owns
+        signals: it then stops the worker by cancelling this coroutine (running jobs are handed
+        back at once). `stock_worker=True` runs arq's own Worker, as `arq module.WorkerSettings`
+        would, instead of the fast one (tests run both).
         """
-        await self.engine.run_worker(jobs=self.worker, schedules=lambda: self.scheduler, burst=burst, **overrides)
+        await self.engine.run_worker(
+            jobs=self.worker, schedules=lambda: self.scheduler, burst=burst, stock_worker=stock_worker, **overrides
+        )
 
     def _bound_hook(self, hook: WorkerHook) -> Callable[[], Awaitable[None]]:
         async def call() -> None:

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from agent_async.errors import JobDeclarationError
+from agent_async.errors import ConfigurationError, JobDeclarationError
 from agent_async.registry import registry
 from agent_async.request import JobRequest
 
@@ -109,31 +109,39 @@ def _register_found(module: ModuleType) -> None:
 
 
 def init_jobs(packages: str | Iterable[str]) -> list[ModuleType]:
-    """Import every `<package>/<module>/jobs/*.py`, so each `@agent_job` registers itself.
+    """Import every `<package>/jobs/*.py` and `<package>/<module>/jobs/*.py`, so each `@agent_job`
+    registers itself.
 
     `packages` is one package name or several. No central list: a new module with a `jobs/`
     folder is picked up by the next worker start. An import error propagates (a worker must not
-    start with half its jobs).
+    start with half its jobs), and so does finding no job module at all (ConfigurationError,
+    naming where it looked).
     """
-    if isinstance(packages, str):
-        packages = (packages,)
-    packages = tuple(packages)
+    roots = (packages,) if isinstance(packages, str) else tuple(packages)
     imported: list[ModuleType] = []
-    for root_name in packages:
+    for root_name in roots:
         root = importlib.import_module(root_name)
-        for module_info in pkgutil.iter_modules(getattr(root, "__path__", [])):
-            if not module_info.ispkg:
-                continue
-            jobs_pkg_name = f"{root_name}.{module_info.name}.jobs"
-            try:
-                jobs_pkg = importlib.import_module(jobs_pkg_name)
-            except ModuleNotFoundError as exc:
-                if exc.name == jobs_pkg_name:
-                    continue
-                raise
-            for job_module in pkgutil.iter_modules(getattr(jobs_pkg, "__path__", [])):
-                module = importlib.import_module(f"{jobs_pkg_name}.{job_module.name}")
-                _register_found(module)
-                imported.append(module)
-    logger.info("discovered %d job modules in %s", len(imported), ", ".join(packages))
+        modules = pkgutil.iter_modules(getattr(root, "__path__", []))
+        candidates = [f"{root_name}.jobs"] + [f"{root_name}.{info.name}.jobs" for info in modules if info.ispkg]
+        for jobs_pkg_name in candidates:
+            imported += _import_jobs_package(jobs_pkg_name)
+    if not imported:
+        looked = ", ".join(f"{r}/jobs/*.py and {r}/<module>/jobs/*.py" for r in (p.replace(".", "/") for p in roots))
+        raise ConfigurationError(f"init_jobs found no job module: looked for {looked or 'nothing (no package given)'}")
+    logger.info("discovered %d job modules in %s", len(imported), ", ".join(roots))
     return imported
+
+
+def _import_jobs_package(name: str) -> list[ModuleType]:
+    try:
+        jobs_pkg = importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        if exc.name == name:
+            return []
+        raise
+    modules = []
+    for job_module in pkgutil.iter_modules(getattr(jobs_pkg, "__path__", [])):
+        module = importlib.import_module(f"{name}.{job_module.name}")
+        _register_found(module)
+        modules.append(module)
+    return modules

@@ -10,6 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_async import Agent, ClientAgent, JobStatus
+from agent_async.engine import hooks
 from agent_async.worker import JobRecovery
 from tests.conftest import Drain, run_burst
 from tests.jobs import Amnesia, Echo, Flaky, Gated, NoWorker, runs_key
@@ -68,19 +69,21 @@ async def test_failing_end_hook_does_not_run_the_job_twice(
 async def test_end_hook_that_never_succeeds_leaves_state_for_the_reconciler(
     agent: Agent, client: ClientAgent, redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Redis refusing every outcome write: the worker survives, the job ran once, and the state is
-    ended by the reconciler instead of staying STARTED forever."""
+    """Redis refusing every outcome write for longer than the worker keeps retrying it: the worker
+    survives, the job ran once, and the state is ended by the reconciler instead of staying
+    STARTED forever."""
     job_id = await client.enqueue(Gated(), "u")
-    original = agent.job_store.transition
+    original = agent.job_store.run
 
     async def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
         raise ConnectionError("redis down")
 
-    monkeypatch.setattr(agent.job_store, "transition", broken)
+    monkeypatch.setattr(hooks, "OUTCOME_RETRY_FOR_S", 0.3)
+    monkeypatch.setattr(agent.job_store, "run", broken)
     await run_burst(agent, "arq_cli_worker")
     assert await runs(redis, agent, job_id) == 1
     assert (await client.get_state(job_id)).status is JobStatus.STARTED  # type: ignore[union-attr]
-    monkeypatch.setattr(agent.job_store, "transition", original)
+    monkeypatch.setattr(agent.job_store, "run", original)
     assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0) == 1
     state = await client.get_state(job_id)
     assert state is not None and state.status is JobStatus.FAILURE
@@ -144,7 +147,7 @@ async def test_payload_that_does_not_deserialize_ends_failure(
 async def test_worker_sweeps_dropped_jobs_on_its_own(agent: Agent, client: ClientAgent) -> None:
     """The running worker's background reconciler ends a dropped job without any test help."""
     job_id = await client.enqueue(NoWorker(), "u")
-    worker = asyncio.create_task(agent.run_worker(poll_delay=0.01))
+    worker = asyncio.create_task(agent.run_worker(poll_delay=0.01, handle_signals=False))
     try:
         for _ in range(200):  # up to 10 s
             if (await client.get_state(job_id)).status is not JobStatus.PENDING:  # type: ignore[union-attr]

@@ -6,6 +6,7 @@ The rest of the library depends on `Engine`, `EngineView` and the protocols its 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +29,10 @@ from agent_async.engine.wire import (
     wire_dumps,
     wire_loads,
 )
-from agent_async.engine.worker import FastWorker, run_surviving_redis
+from agent_async.engine.worker import FastWorker, StoppableWorker, run_stopping_on_signal, run_surviving_redis
 from agent_async.errors import ConfigurationError
 from agent_async.lifecycle import attempt_budget_s, now_ms
+from agent_async.outage import RedisOutage
 from agent_async.registry import JobRegistry
 from agent_async.settings import AgentSettings
 from agent_async.state import JobState
@@ -72,10 +74,13 @@ class Engine:
     Constructing it opens nothing; it reaches Redis through the store once the store is bound.
     """
 
-    def __init__(self, settings: AgentSettings, *, store: JobStore, registry: JobRegistry) -> None:
+    def __init__(
+        self, settings: AgentSettings, *, store: JobStore, registry: JobRegistry, outage: RedisOutage | None = None
+    ) -> None:
         self._settings = settings
         self._store = store
         self._registry = registry
+        self._outage = outage or RedisOutage()
         self.names = EngineNames(settings.namespace)
 
     # -- queue -------------------------------------------------------------------------------
@@ -137,20 +142,39 @@ class Engine:
         return self._settings_for(self._hooks(jobs, schedules), overrides)
 
     async def run_worker(
-        self, *, jobs: JobHandler, schedules: Callable[[], ScheduleTicker], burst: bool = False, **overrides: Any
+        self,
+        *,
+        jobs: JobHandler,
+        schedules: Callable[[], ScheduleTicker],
+        burst: bool = False,
+        stock_worker: bool = False,
+        **overrides: Any,
     ) -> None:
-        """Run the fast worker in the current event loop (see FastWorker) until stopped or, with
-        `burst`, until the queue is empty."""
+        """Run a worker in the current event loop until stopped or, with `burst`, until the queue
+        is empty: the fast worker (see FastWorker), restarted after Redis errors, or with
+        `stock_worker` arq's own Worker exactly as `arq module.WorkerSettings` runs it."""
         hooks = self._hooks(jobs, schedules)
-        kwargs = self._settings_for(hooks, {"burst": burst, "handle_signals": False, **overrides})
+        # A worker process owns its signals (SIGTERM drains); one run from another thread cannot.
+        handle_signals = threading.current_thread() is threading.main_thread()
+        kwargs = self._settings_for(hooks, {"burst": burst, "handle_signals": handle_signals, **overrides})
+        if stock_worker:
+            stock = StoppableWorker(**kwargs)
+            try:
+                await run_stopping_on_signal(stock)
+            finally:
+                await stock.close()
+            return
         worker = FastWorker(hooks=hooks, names=self.names, **kwargs)
         try:
-            await run_surviving_redis(worker)
+            await run_surviving_redis(worker, self._outage)
         finally:
             await worker.close()
 
     def _hooks(self, jobs: JobHandler, schedules: Callable[[], ScheduleTicker]) -> Hooks:
-        return Hooks(store=self._store, names=self.names, registry=self._registry, jobs=jobs, schedules=schedules)
+        return Hooks(
+            store=self._store, names=self.names, registry=self._registry, jobs=jobs, schedules=schedules,
+            outage=self._outage,
+        )
 
     def _settings_for(self, hooks: Hooks, overrides: dict[str, Any]) -> dict[str, Any]:
         functions = self._functions(hooks)

@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 from agent_async.engine.wire import EngineNames, dropped_from_result
 from agent_async.errors import AgentError
 from agent_async.lifecycle import JobStatus, Outcome, StartDecision, dropped_outcome, interrupted_outcome
+from agent_async.outage import OUTAGE_ERRORS, RedisOutage
 from agent_async.registry import JobRegistry
 from agent_async.schedules.scheduler import FireResult
 from agent_async.store import JobStore, ScriptCall
@@ -41,9 +42,11 @@ logger = logging.getLogger(__name__)
 
 # When on_job_start could not reach Redis, the job is handed back to the queue for this long.
 _START_FAILED_RETRY_S = 1.0
-# Attempts (and the pause between them) to record an outcome before giving up to the reconciler.
-_RECORD_TRIES = 3
-_RECORD_PAUSE_S = 0.2
+# An outcome a live worker holds is written again, with backoff, for this long while Redis is
+# unreachable: past it (a very long outage) the job is left to recovery.
+OUTCOME_RETRY_FOR_S = 300.0
+_OUTCOME_PAUSE_MIN_S = 0.05
+_OUTCOME_PAUSE_MAX_S = 2.0
 
 # ctx keys shared by our hooks and the job function within one arq run.
 _CTX_DECISION = "agent_async.decision"
@@ -60,6 +63,8 @@ class JobHandler(Protocol):
     async def shutdown(self) -> None: ...
 
     async def run(self, name: str, payload: dict[str, Any], *, job_id: str, decision: StartDecision) -> Outcome: ...
+
+    def release(self, job_id: str) -> None: ...
 
 
 class ScheduleTicker(Protocol):
@@ -95,8 +100,10 @@ class Hooks:
         registry: JobRegistry,
         jobs: JobHandler,
         schedules: Callable[[], ScheduleTicker],
+        outage: RedisOutage,
     ) -> None:
         self._store = store
+        self.outage = outage
         self._names = names
         self._registry = registry
         self._jobs = jobs
@@ -164,24 +171,49 @@ class Hooks:
         if outcome is None:
             # arq cancelled the attempt itself: a worker shutdown past its drain time.
             outcome = interrupted_outcome(self._registry.request(decision.name), decision.attempts)
+        call = self._store.transition_call(job_id, outcome.status, result=outcome.result, error=outcome.error)
         if ctx.get(CTX_COMMIT_IN_FINISH):
-            self._commits[ctx["job_id"]] = self._store.transition_call(
-                job_id, outcome.status, result=outcome.result, error=outcome.error
-            )
+            # The fast worker sends it inside arq's finish transaction, then releases the job.
+            self._commits[ctx["job_id"]] = call
             return
-        await self.record_outcome(job_id, outcome)
+        try:
+            await self.write_outcome(job_id, lambda: self._store.run(call))
+        finally:
+            self._jobs.release(job_id)
 
-    async def record_outcome(self, job_id: str, outcome: Outcome) -> None:
-        """Write an outcome on its own, retrying a few times; the reconciler covers a final failure."""
-        for attempt in range(1, _RECORD_TRIES + 1):
+    async def write_outcome(self, job_id: str, write: Callable[[], Awaitable[object]]) -> bool:
+        """Send an outcome, again and again with backoff while Redis is unreachable (the worker
+        holds the outcome and keeps the job's lease renewed meanwhile), for OUTCOME_RETRY_FOR_S.
+
+        Returns False if it gave up: the job is then left to recovery. Sending twice is harmless:
+        a terminal state is never overwritten, and arq's finish only deletes.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + OUTCOME_RETRY_FOR_S
+        pause_s = _OUTCOME_PAUSE_MIN_S
+        while True:
             try:
-                await self._store.transition(job_id, outcome.status, result=outcome.result, error=outcome.error)
-                return
+                await write()
+            except OUTAGE_ERRORS as exc:
+                self.outage.failed(f"outcome of job {job_id}", exc)
+                if loop.time() + pause_s > deadline:
+                    logger.error("job %s: Redis unreachable for %.0fs; its outcome is left to recovery",
+                                 job_id, OUTCOME_RETRY_FOR_S)
+                    return False
+                await asyncio.sleep(pause_s)
+                pause_s = min(_OUTCOME_PAUSE_MAX_S, pause_s * 2)
             except Exception:
-                if attempt == _RECORD_TRIES:
-                    logger.exception("job %s: could not record %s; the reconciler will", job_id, outcome.status)
-                    return
-                await asyncio.sleep(_RECORD_PAUSE_S * attempt)
+                logger.exception("job %s: its outcome could not be written; recovery will settle it", job_id)
+                return False
+            else:
+                self.outage.ok()
+                return True
+
+    def release(self, engine_id: str) -> None:
+        """The fast worker finished this job (outcome written or given up): stop its lease."""
+        job_id = self._names.job_id(engine_id)
+        if job_id is not None:
+            self._jobs.release(job_id)
 
     # -- the fast worker's finish transactions ----------------------------------------------
 

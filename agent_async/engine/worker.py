@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import signal
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
+from signal import Signals
 from typing import Any, cast
 
 from arq.connections import ArqRedis
@@ -17,9 +20,10 @@ from redis.exceptions import NoScriptError, RedisError
 from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_PIGGYBACK, Hooks, Piggyback
 from agent_async.engine.wire import EngineNames
 from agent_async.lifecycle import now_ms
+from agent_async.outage import OUTAGE_ERRORS, RedisOutage
 from agent_async.store import LuaScript, ScriptCall, lua_source, run_script
 
-__all__ = ["FastWorker", "run_surviving_redis"]
+__all__ = ["FastWorker", "StoppableWorker", "run_stopping_on_signal", "run_surviving_redis"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,7 +96,48 @@ class _PoolWithStart:
         return getattr(self._pool, name)
 
 
-class FastWorker(Worker):
+class StoppableWorker(Worker):
+    """arq's Worker that remembers a stop signal, so the loop around it ends instead of retrying,
+    and that closes cleanly when Redis is unreachable at shutdown."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.stopping = asyncio.Event()
+
+    def handle_sig_wait_for_completion(self, signum: Signals) -> None:
+        self.stopping.set()
+        super().handle_sig_wait_for_completion(signum)
+
+    def handle_sig(self, signum: Signals) -> None:
+        if signum != signal.SIGUSR1:  # arq's close() sends itself SIGUSR1 to cancel what runs
+            self.stopping.set()
+        super().handle_sig(signum)
+
+    async def close(self) -> None:
+        try:
+            await super().close()
+        except OUTAGE_ERRORS as exc:
+            # arq's close() deletes its health-check key first: with Redis down it would raise
+            # before running on_shutdown and closing its pool.
+            logger.warning("worker closing while Redis is unreachable (%s)", exc)
+            if self.on_shutdown:
+                await self.on_shutdown(self.ctx)
+            with contextlib.suppress(*OUTAGE_ERRORS):
+                await self.pool.close(close_connection_pool=True)
+            self._pool = None
+
+
+async def run_stopping_on_signal(worker: StoppableWorker) -> None:
+    """arq's own loop, as its CLI runs it (a Redis error ends it, arq #498); a stop signal is a
+    normal end, not a CancelledError."""
+    try:
+        await worker.main()
+    except asyncio.CancelledError:
+        if not worker.stopping.is_set():
+            raise
+
+
+class FastWorker(StoppableWorker):
     """arq's Worker with fewer round trips per job (`Agent.run_worker`, `python -m app worker`).
 
     - A job is claimed with one script instead of arq's four-step optimistic transaction.
@@ -156,50 +201,66 @@ class FastWorker(Worker):
             await super().run_job(job_id, score)
         finally:
             START_PIGGYBACK.reset(token)
+            # Its outcome is written (finish_job waits for Redis) or left to recovery.
+            self._hooks.release(job_id)
 
     async def finish_job(self, job_id: str, *args: Any) -> None:
         call = self._hooks.take_commit(job_id)
-        await self._finish_with(call, lambda: super(FastWorker, self).finish_job(job_id, *args))
+        await self._finish_with(job_id, call, lambda: super(FastWorker, self).finish_job(job_id, *args))
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
         call = self._hooks.dropped_call(job_id, result_data)
-        await self._finish_with(call, lambda: super(FastWorker, self).finish_failed_job(job_id, result_data))
+        await self._finish_with(job_id, call, lambda: super(FastWorker, self).finish_failed_job(job_id, result_data))
 
-    async def _finish_with(self, call: ScriptCall | None, finish: Callable[[], Awaitable[None]]) -> None:
-        token = _FINISH_SCRIPT.set(call)
+    async def _finish_with(
+        self, engine_id: str, call: ScriptCall | None, finish: Callable[[], Awaitable[None]]
+    ) -> None:
+        """arq's finish transaction with our outcome in front, sent until Redis takes it.
+
+        arq would let a Redis error escape and lose the outcome while the worker lives on: here
+        the worker keeps it (and the job's lease) and sends it again once Redis answers.
+        """
+
+        async def send() -> None:
+            token = _FINISH_SCRIPT.set(call)
+            try:
+                await finish()
+            except NoScriptError:
+                # Redis lost our scripts (restart, SCRIPT FLUSH) while arq's part of EXEC went
+                # through: send the outcome on its own, which loads the script again.
+                if call is not None:
+                    await self._hooks.send_alone(call)
+            finally:
+                _FINISH_SCRIPT.reset(token)
+
         try:
-            await finish()
-        except NoScriptError:
-            # Redis lost our scripts (restart, SCRIPT FLUSH) while arq's part of EXEC went
-            # through: write the outcome on its own, which loads the script again.
-            await self._write_alone(call)
+            await self._hooks.write_outcome(engine_id, send)
         except RedisError:
-            # arq would let this escape and end the worker loop; log it and keep serving. What
-            # was not written is found by the reconciler (state) or redelivered (arq's job).
+            # Not an outage (write_outcome handles those): log it and keep serving. What was not
+            # written is found by the reconciler (state) or redelivered (arq's job).
             logger.exception("finishing a job failed; the reconciler will settle its state")
-        finally:
-            _FINISH_SCRIPT.reset(token)
-
-    async def _write_alone(self, call: ScriptCall | None) -> None:
-        if call is None:
-            return
-        try:
-            await self._hooks.send_alone(call)
-        except RedisError:
-            logger.exception("recording an outcome failed; the reconciler will settle its state")
 
 
-async def run_surviving_redis(worker: Worker) -> None:
-    """arq's poll loop ends on the first Redis error (arq #498); restart it with backoff."""
+async def run_surviving_redis(worker: StoppableWorker, outage: RedisOutage) -> None:
+    """arq's poll loop ends on the first Redis error (arq #498): restart it with backoff, until a
+    stop signal (which also ends the wait for Redis at once)."""
     delay_s = _REDIS_RETRY_MIN_S
-    while True:
+    while not worker.stopping.is_set():
         started = time.monotonic()
         try:
             await worker.async_run()
             return
+        except asyncio.CancelledError:
+            if worker.stopping.is_set():
+                return  # arq's signal handler drained and cancelled its loop: a normal end
+            raise
         except (RedisError, OSError) as exc:
             if time.monotonic() - started > _REDIS_RETRY_MAX_S:
                 delay_s = _REDIS_RETRY_MIN_S  # it had been running fine: start the backoff over
-            logger.warning("Redis error in the worker loop (%s); retrying in %.1fs", exc, delay_s)
-            await asyncio.sleep(delay_s)
+            if isinstance(exc, OUTAGE_ERRORS):
+                outage.failed("worker loop", exc)
+            else:
+                logger.warning("Redis error in the worker loop (%s); retrying in %.1fs", exc, delay_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(worker.stopping.wait(), delay_s)
             delay_s = min(_REDIS_RETRY_MAX_S, delay_s * 2)

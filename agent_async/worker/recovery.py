@@ -56,18 +56,17 @@ class JobRecovery:
 
     async def reconcile(self, *, idle_for_ms: int = _IDLE_GRACE_MS) -> int:
         """Settle the active jobs that no worker or queue holds. Returns how many were settled."""
-        persistency = self._store
         if self.page_size is None:
-            job_ids = await persistency.active_job_ids(idle_for_ms=idle_for_ms)
+            job_ids = await self._store.active_job_ids(idle_for_ms=idle_for_ms)
         else:
-            page = await persistency.active_job_ids(idle_for_ms=idle_for_ms, offset=self._offset, limit=self.page_size)
+            page = await self._store.active_job_ids(idle_for_ms=idle_for_ms, offset=self._offset, limit=self.page_size)
             self._offset = 0 if len(page) < self.page_size else self._offset + len(page)
-            job_ids = list(dict.fromkeys([*await persistency.expired_leases(), *page]))
+            job_ids = list(dict.fromkeys([*await self._store.expired_leases(), *page]))
         settled = 0
         for start in range(0, len(job_ids), _BATCH):
             batch = job_ids[start:start + _BATCH]
-            states = await persistency.get_many(batch)
-            await persistency.forget_inactive(batch)
+            states = await self._store.get_many(batch)
+            await self._store.forget_inactive(batch)
             live = [s for s in states if s is not None and not s.is_terminal]
             if live:
                 settled += await self._settle(live)

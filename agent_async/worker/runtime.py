@@ -6,6 +6,7 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
+from agent_async.outage import OUTAGE_ERRORS, RedisOutage
 from agent_async.store import JobStore
 from agent_async.worker.child import RunHandle
 from agent_async.worker.recovery import JobRecovery
@@ -29,8 +30,17 @@ class WorkerRuntime:
     - recovery: JobRecovery at start-up, then every reconcile interval, under the recovery lock.
     """
 
-    def __init__(self, store: JobStore, *, recovery: JobRecovery, lease_s: float, reconcile_interval_s: float) -> None:
+    def __init__(
+        self,
+        store: JobStore,
+        *,
+        recovery: JobRecovery,
+        lease_s: float,
+        reconcile_interval_s: float,
+        outage: RedisOutage | None = None,
+    ) -> None:
         self._store = store
+        self._outage = outage or RedisOutage()
         self.recovery = recovery
         self._lease_s = lease_s
         self._reconcile_interval_s = reconcile_interval_s
@@ -79,8 +89,12 @@ class WorkerRuntime:
             await asyncio.sleep(interval_s)
             try:
                 await step()
+            except OUTAGE_ERRORS as exc:
+                self._outage.failed(step.__name__.lstrip("_"), exc)
             except Exception:
                 logger.exception("worker background step %s failed; retrying", step.__name__)
+            else:
+                self._outage.ok()
 
     async def _heartbeat(self) -> None:
         flagged = await self._store.renew_leases(list(self.running))
@@ -102,6 +116,9 @@ class WorkerRuntime:
                         self.request_cancel(message["data"].decode())
             except asyncio.CancelledError:
                 raise
+            except OUTAGE_ERRORS as exc:
+                self._outage.failed("cancel subscription", exc)
+                await asyncio.sleep(_ERROR_PAUSE_S)
             except Exception:
                 logger.warning("cancel subscription lost; resubscribing", exc_info=True)
                 await asyncio.sleep(_ERROR_PAUSE_S)

@@ -12,6 +12,7 @@ from agent_async.engine import Engine
 from agent_async.errors import AgentError
 from agent_async.job import JobResources
 from agent_async.lifecycle import Outcome, StartDecision
+from agent_async.outage import RedisOutage
 from agent_async.registry import JobRegistry
 from agent_async.settings import AgentSettings
 from agent_async.store import JobStore
@@ -45,8 +46,10 @@ class WorkerService:
         job_context: JobContextFactory | None = None,
         on_startup: Sequence[ProcessHook] = (),
         on_shutdown: Sequence[ProcessHook] = (),
+        outage: RedisOutage | None = None,
     ) -> None:
         self._store = store
+        self._outage = outage or RedisOutage()
         self._engine = engine
         self._registry = registry
         self._settings = settings
@@ -72,6 +75,7 @@ class WorkerService:
         self.runtime = WorkerRuntime(
             self._store, recovery=recovery,
             lease_s=self._settings.lease_s, reconcile_interval_s=self._settings.reconcile_interval_s,
+            outage=self._outage,
         )
         await self.runtime.start()
 
@@ -89,15 +93,18 @@ class WorkerService:
             self.runtime = None
 
     async def run(self, name: str, payload: dict[str, Any], *, job_id: str, decision: StartDecision) -> Outcome:
+        """Run one attempt. The job stays tracked (its lease renewed) until `release`: the hooks
+        release it once its outcome is written, which may wait for Redis to come back."""
         runtime = self.runtime
         handle = runtime.track(job_id) if runtime is not None else RunHandle(job_id)
-        try:
-            return await self.runner(name).run(
-                payload, job_id=job_id, user_uid=decision.user_uid, attempt=decision.attempts, handle=handle
-            )
-        finally:
-            if runtime is not None:
-                runtime.untrack(job_id)
+        return await self.runner(name).run(
+            payload, job_id=job_id, user_uid=decision.user_uid, attempt=decision.attempts, handle=handle
+        )
+
+    def release(self, job_id: str) -> None:
+        """The job's outcome is written (or left to recovery): stop renewing its lease."""
+        if self.runtime is not None:
+            self.runtime.untrack(job_id)
 
     def runner(self, name: str) -> JobRunner:
         runner = self._runners.get(name)

@@ -7,6 +7,8 @@ import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+
 from agent_async import Job, JobRequest, agent_job, run_in_child
 
 
@@ -33,6 +35,9 @@ class ResumeUpsert(JobRequest):
     name: ClassVar[str] = "faults.resume_upsert"
     resume: ClassVar[bool] = True
     max_try: ClassVar[int] = 12  # more than the 10 kills: a job may be hit by several
+    # Its own Redis write fails while Redis restarts: a transient error, retried. (Before outcomes
+    # were kept through an outage, such a failure was lost with its outcome and the job re-run.)
+    retry_for: ClassVar[tuple[type[BaseException], ...]] = (RedisConnectionError,)
     max_concurrent: ClassVar[int] = 1000
     soft_timeout_seconds: ClassVar[float] = 5
     duration_s: float = 0.02
@@ -95,3 +100,25 @@ class BlockingJob(Job[Blocking]):
 
 def random_duration(rng: random.Random) -> float:
     return rng.uniform(0.01, 0.08)
+
+
+@dataclass
+class CountThenSleep(JobRequest):
+    """Counts its run at the start, then works without touching Redis: its outcome can be due while
+    Redis is down."""
+
+    name: ClassVar[str] = "faults.count_then_sleep"
+    resume: ClassVar[bool] = False
+    max_concurrent: ClassVar[int] = 1000
+    soft_timeout_seconds: ClassVar[float] = 10
+    duration_s: float = 0.5
+
+
+@agent_job
+class CountThenSleepJob(Job[CountThenSleep]):
+    request_class = CountThenSleep
+
+    async def process(self, request: CountThenSleep, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        await self.resources.redis.hincrby(runs_key(self.resources.namespace), job_id, 1)
+        await asyncio.sleep(request.duration_s)
+        return {"slept_s": request.duration_s}
