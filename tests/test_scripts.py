@@ -100,6 +100,15 @@ async def test_packed_and_plain_scripts_see_the_same_arguments(redis: Redis, nam
     assert packed[4].decode() == '{"r":"ü","q":"\\"x\\""}'
 
 
+async def test_packed_script_receives_bytes_as_their_text(redis: Redis) -> None:
+    """bytes keys and arguments reach a packed script as the text they hold, as with a plain one
+    (not as Python's repr "b'...'")."""
+    body = "return {KEYS[1], ARGV[1]}"
+    plain = await run_script(redis, LuaScript(body)([b"k\xc3\xa9"], [b"v"]))
+    packed = await run_script(redis, LuaScript(body, packed=True)([b"k\xc3\xa9"], [b"v"]))
+    assert packed == plain == ["ké".encode(), b"v"]
+
+
 async def test_packed_script_with_no_keys_or_args(redis: Redis) -> None:
     script = LuaScript(unique_source("return {#KEYS, #ARGV}"), packed=True)
     assert await run_script(redis, script([], [])) == [0, 0]

@@ -64,7 +64,7 @@ def test_parametrised_keys_end_with_their_input() -> None:
     assert space.user_index("ann").endswith(":ann")
     assert space.schedule_index("nightly").endswith(":nightly")
     assert space.schedule_skips("nightly").endswith(":nightly")
-    assert space.gate("tests.echo", "ann").endswith(":tests.echo:ann")
+    assert space.gate("tests.echo", "ann").endswith(":tests.echo:user:ann")
 
 
 def test_two_namespaces_never_share_a_key() -> None:
@@ -102,6 +102,13 @@ def test_gate_scope_defaults_to_the_global_scope() -> None:
     # Per job name and per user: each its own slot.
     assert space.gate("tests.echo", "ann") != space.gate("tests.echo", "ben")
     assert space.gate("tests.echo", "ann") != space.gate("tests.other", "ann")
+
+
+@pytest.mark.parametrize("uid", ["", GLOBAL_SCOPE, f"x:{GLOBAL_SCOPE}"])
+def test_no_user_id_shares_the_system_slots(uid: str) -> None:
+    """A user named "_global" (or "") must not take the concurrency slots of system jobs."""
+    space = KeySpace("ns")
+    assert space.gate("tests.echo", uid) != space.gate("tests.echo", None)
 
 
 def test_no_two_kinds_of_key_collide_for_plausible_inputs() -> None:

@@ -101,6 +101,7 @@ def dropped_from_result(raw: bytes | None) -> Dropped | None:
     except (ValueError, AttributeError):
         return Dropped("unreadable engine result")
     if isinstance(result, dict) and "exc_type" in result:
-        reason = f"{result['exc_type']}: {result.get('message', '')}".rstrip(": ")
+        message = result.get("message") or ""
+        reason = f"{result['exc_type']}: {message}" if message else str(result["exc_type"])
         return Dropped(reason, canceled=result["exc_type"] == "CancelledError")
     return Dropped(str(result))

@@ -38,8 +38,10 @@ class KeySpace:
         """Non-terminal jobs, scored by the time of their last transition (ms)."""
         return f"{self.namespace}:idx:active"
 
-    def gate(self, job_name: str, scope: str | None) -> str:
-        return f"{self.namespace}:gate:{job_name}:{scope or GLOBAL_SCOPE}"
+    def gate(self, job_name: str, user_uid: str | None) -> str:
+        """A user's slots are apart from the system's: no user id, not even "_global", shares them."""
+        scope = GLOBAL_SCOPE if user_uid is None else f"user:{user_uid}"
+        return f"{self.namespace}:gate:{job_name}:{scope}"
 
     @property
     def leases(self) -> str:

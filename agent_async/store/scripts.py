@@ -71,13 +71,18 @@ class ScriptCall:
     def argv(self) -> tuple[Arg, ...]:
         """EVALSHA's arguments after the SHA."""
         if self.script.packed:
-            packed = json.dumps([[str(k) for k in self.keys], [a if isinstance(a, str) else str(a) for a in self.args]])
+            packed = json.dumps([[_text(k) for k in self.keys], [_text(a) for a in self.args]])
             return (0, packed)
         return (len(self.keys), *self.keys, *self.args)
 
     def queue_on(self, pipe: Pipeline) -> None:
         """Queue as EVALSHA: the caller must have loaded the script and handle NOSCRIPT."""
         pipe.execute_command("EVALSHA", self.script.sha, *self.argv())
+
+
+def _text(value: Arg) -> str:
+    # JSON carries text: bytes are UTF-8 (str(b"x") would send the repr "b'x'").
+    return value.decode() if isinstance(value, bytes) else value if isinstance(value, str) else str(value)
 
 
 async def load_scripts(redis: Redis, scripts: Sequence[LuaScript]) -> None:
