@@ -53,6 +53,10 @@ class AgentSettings:
     shutdown_drain_s: float = 30.0
     # How often a worker looks for states that arq dropped without calling a hook.
     reconcile_interval_s: float = 5.0
+    # A file a worker touches at every heartbeat (a third of the lease), whatever Redis says: its
+    # age is the liveness of that one worker process (`python -m agent_async healthcheck`).
+    # Empty: none is written.
+    worker_heartbeat_file: str = ""
     # Packages scanned by init_jobs(): <root>/<module>/jobs/*.py. None by default: the application names its own.
     job_packages: tuple[str, ...] = ()
     # Time zone in which schedules' crons are read.
@@ -77,6 +81,7 @@ class AgentSettings:
         "lease_s": "AGENT_LEASE_SECONDS",
         "shutdown_drain_s": "AGENT_SHUTDOWN_DRAIN_SECONDS",
         "reconcile_interval_s": "AGENT_RECONCILE_INTERVAL_SECONDS",
+        "worker_heartbeat_file": "AGENT_WORKER_HEARTBEAT_FILE",
         "job_packages": "AGENT_JOB_PACKAGES",
         "schedule_timezone": "AGENT_SCHEDULE_TIMEZONE",
         "schedule_allowlist": "AGENT_SCHEDULE_ALLOWLIST",

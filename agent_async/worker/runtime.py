@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
 from agent_async.outage import OUTAGE_ERRORS, RedisOutage
 from agent_async.store import JobStore
@@ -38,8 +39,10 @@ class WorkerRuntime:
         lease_s: float,
         reconcile_interval_s: float,
         outage: RedisOutage | None = None,
+        heartbeat_file: Path | None = None,
     ) -> None:
         self._store = store
+        self._heartbeat_file = heartbeat_file
         self._outage = outage or RedisOutage()
         self.recovery = recovery
         self._lease_s = lease_s
@@ -69,7 +72,10 @@ class WorkerRuntime:
                 logger.warning("start-up recovery settled %d orphaned job(s)", settled)
         except Exception:
             logger.exception("start-up recovery failed; the periodic pass will retry")
-        self._spawn(self._every(self._lease_s / 3, self._heartbeat))
+        self._touch_heartbeat_file()
+        # The heartbeat may have nothing to send (no job running): only the recovery pass, which
+        # always takes its lock in Redis, may say that Redis is back.
+        self._spawn(self._every(self._lease_s / 3, self._heartbeat, proves_redis=False))
         self._spawn(self._listen_for_cancels())
         self._spawn(self._every(self._reconcile_interval_s, self._reconcile))
 
@@ -84,7 +90,9 @@ class WorkerRuntime:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _every(self, interval_s: float, step: Callable[[], Awaitable[None]]) -> None:
+    async def _every(
+        self, interval_s: float, step: Callable[[], Awaitable[None]], *, proves_redis: bool = True
+    ) -> None:
         while True:
             await asyncio.sleep(interval_s)
             try:
@@ -94,12 +102,23 @@ class WorkerRuntime:
             except Exception:
                 logger.exception("worker background step %s failed; retrying", step.__name__)
             else:
-                self._outage.ok()
+                if proves_redis:
+                    self._outage.ok()
 
     async def _heartbeat(self) -> None:
+        self._touch_heartbeat_file()
         flagged = await self._store.renew_leases(list(self.running))
         for job_id in flagged:
             self.request_cancel(job_id)
+
+    def _touch_heartbeat_file(self) -> None:
+        """This process's loop is alive: Docker's health check reads the file's age."""
+        if self._heartbeat_file is None:
+            return
+        try:
+            self._heartbeat_file.touch()
+        except OSError as exc:
+            logger.warning("cannot touch the heartbeat file %s: %s", self._heartbeat_file, exc)
 
     async def _reconcile(self) -> None:
         await self.recovery.reconcile_orphans(lock_ttl_s=self._reconcile_interval_s)
@@ -110,6 +129,7 @@ class WorkerRuntime:
             pubsub = self._store.redis.pubsub(ignore_subscribe_messages=True)
             try:
                 await pubsub.subscribe(channel)
+                self._outage.ok()
                 while True:
                     message = await pubsub.get_message(timeout=_LISTEN_TIMEOUT_S)
                     if message is not None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
@@ -76,6 +77,7 @@ class WorkerService:
             self._store, recovery=recovery,
             lease_s=self._settings.lease_s, reconcile_interval_s=self._settings.reconcile_interval_s,
             outage=self._outage,
+            heartbeat_file=Path(self._settings.worker_heartbeat_file) if self._settings.worker_heartbeat_file else None,
         )
         await self.runtime.start()
 
