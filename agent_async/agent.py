@@ -13,6 +13,7 @@ from agent_async.engine import STORE_LUA, Engine
 from agent_async.job import JobResources
 from agent_async.lifecycle import attempt_budget_s
 from agent_async.outage import RedisOutage
+from agent_async.owned_blobs import OwnedBlobs
 from agent_async.registry import JobRegistry, registry
 from agent_async.request import JobRequest
 from agent_async.schedules.overrides import ScheduleOverrides
@@ -64,6 +65,7 @@ class Agent:
         outage = RedisOutage()
         self.engine = Engine(settings, store=self.job_store, registry=job_registry, outage=outage)
         self.resources = JobResources(settings, redis=lambda: self.job_store.redis, large_store=self.get_large_store)
+        self.owned_blobs = OwnedBlobs(self.job_store, large_store=self.get_large_store)
         self.worker = WorkerService(
             self.job_store,
             engine=self.engine,
@@ -74,6 +76,7 @@ class Agent:
             on_startup=[self._bound_hook(hook) for hook in on_worker_startup],
             on_shutdown=[self._bound_hook(hook) for hook in on_worker_shutdown],
             outage=outage,
+            sweeps=[self.owned_blobs.sweep],
         )
         self._large_store = store
         self._overrides = overrides
@@ -156,6 +159,7 @@ class Agent:
             engine=self.engine.job(state, defer_s),
             resume=request.resume,
             max_try=request.max_try,
+            owned_blobs=request.owned_blob_refs(),
         )
         return state
 

@@ -65,9 +65,13 @@ class ClientAgent:
     async def cancel(self, job_id: str, *, wait_s: float | None = None) -> JobState | None:
         """Cancel a job (see JobCanceller): queued ones never run, running ones are stopped.
 
-        Idempotent: a terminal job is returned unchanged; None for an unknown id.
+        Idempotent: a terminal job is returned unchanged; None for an unknown id. Once the job has
+        ended, the blobs it owns (JobRequest.owned_blobs) are deleted.
         """
-        return await self._canceller.cancel(job_id, wait_s=wait_s)
+        state = await self._canceller.cancel(job_id, wait_s=wait_s)
+        if state is not None and state.is_terminal:
+            await self.agent.owned_blobs.release(job_id)
+        return state
 
     async def ping(self) -> None:
         """Raise QueueUnavailableError unless Redis answers (a health check)."""

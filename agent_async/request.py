@@ -36,6 +36,10 @@ class JobRequest:
     max_concurrent: ClassVar[int] = 0
     retry_for: ClassVar[tuple[type[BaseException], ...]] = ()
     cron: ClassVar[str | None] = None
+    # Payload fields holding large-store references this job owns (an uploaded input, say): the
+    # blobs are deleted once the job ends, whichever way it ends (success, failure, retries
+    # exhausted, cancel, worker lost).
+    owned_blobs: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -44,6 +48,11 @@ class JobRequest:
         _check_metadata(cls)
         _check_field_types(cls)
         registry.add_request(cls)
+
+    def owned_blob_refs(self) -> list[str]:
+        """The references named by `owned_blobs` that are set."""
+        values = (getattr(self, field_name) for field_name in self.owned_blobs)
+        return [value for value in values if isinstance(value, str) and value]
 
     def payload(self) -> dict[str, Any]:
         """The JSON-safe dict sent through the broker; RequestRefusedError if a value is not JSON."""
@@ -104,6 +113,17 @@ def _check_metadata(cls: type[JobRequest]) -> None:
         raise JobDeclarationError(f"{cls.__module__}.{cls.__qualname__}: " + "; ".join(problems))
 
 
+def _check_owned_blobs(cls: type[JobRequest], hints: dict[str, Any]) -> None:
+    owned: object = cls.owned_blobs
+    if not isinstance(owned, tuple) or not all(isinstance(name, str) for name in owned):
+        raise JobDeclarationError(f"{cls.__module__}.{cls.__qualname__}: owned_blobs must be a tuple of field names")
+    unknown = [name for name in owned if name not in hints or typing.get_origin(hints[name]) is ClassVar]
+    if unknown:
+        raise JobDeclarationError(
+            f"{cls.__module__}.{cls.__qualname__}: owned_blobs names {unknown}, which are not payload fields"
+        )
+
+
 def _check_field_types(cls: type[JobRequest]) -> None:
     where = f"{cls.__module__}.{cls.__qualname__}"
     try:
@@ -118,6 +138,7 @@ def _check_field_types(cls: type[JobRequest]) -> None:
                 f"{where}: payload field {field_name!r} has type {hint!r}, which cannot be JSON "
                 "(use str, int, float, bool, None, list or dict of those)"
             )
+    _check_owned_blobs(cls, hints)
 
 
 def _is_json_type(hint: Any) -> bool:

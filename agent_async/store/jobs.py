@@ -142,7 +142,14 @@ class JobStore:
     # -- writes ------------------------------------------------------------------------------
 
     async def create(
-        self, state: JobState, *, gate: GateClaim | None, engine: EngineJob, resume: bool = False, max_try: int = 1
+        self,
+        state: JobState,
+        *,
+        gate: GateClaim | None,
+        engine: EngineJob,
+        resume: bool = False,
+        max_try: int = 1,
+        owned_blobs: list[str] | None = None,
     ) -> None:
         """Persist a PENDING state, take the gate slot and queue the engine job, all or nothing.
 
@@ -153,7 +160,8 @@ class JobStore:
         now = state.created_ms
         flat: list[str | bytes | int] = []
         # resume and max_try travel with the state so the scripts can settle a lost run alone.
-        for field_name, value in state_to_hash(state, resume=resume, max_try=max_try).items():
+        fields = state_to_hash(state, resume=resume, max_try=max_try, owned_blobs=owned_blobs)
+        for field_name, value in fields.items():
             flat += [field_name, value]
         args: list[str | bytes | int] = [
             state.job_id, now,
@@ -168,6 +176,7 @@ class JobStore:
             k.schedule_index(state.schedule_name) if state.schedule_name else "",
             gate.key if gate else "",
             engine.ref.queue_key, engine.ref.job_key,
+            k.owned_blobs if owned_blobs else "",
         ]
         try:
             outcome = await run_script(self.redis, self._enqueue(keys, args))
@@ -307,6 +316,19 @@ class JobStore:
         key = self.keys.schedule_skips(schedule_name)
         raw = await self.redis.lrange(key, 0, limit - 1)  # type: ignore[misc]
         return [json.loads(item) for item in raw]
+
+    async def owned_blobs_page(self, cursor: int, *, count: int) -> tuple[int, dict[str, list[str]]]:
+        """One page of the jobs that own blobs (HSCAN): the next cursor (0 at the end), and refs."""
+        next_cursor, page = await self.redis.hscan(self.keys.owned_blobs, cursor, count=count)
+        return int(next_cursor), {k.decode(): codec.loads(v) for k, v in page.items()}
+
+    async def owned_blobs_of(self, job_id: str) -> list[str]:
+        raw = await self.redis.hget(self.keys.owned_blobs, job_id)  # type: ignore[misc]
+        return list(codec.loads(raw)) if raw else []
+
+    async def forget_owned_blobs(self, job_ids: Sequence[str]) -> None:
+        if job_ids:
+            await self.redis.hdel(self.keys.owned_blobs, *job_ids)  # type: ignore[misc]
 
     # -- reads -------------------------------------------------------------------------------
 

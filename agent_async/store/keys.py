@@ -53,5 +53,10 @@ class KeySpace:
         return f"{self.namespace}:cancel"
 
     @property
+    def owned_blobs(self) -> str:
+        """Jobs that own large-store blobs: job id -> JSON list of references, until deleted."""
+        return f"{self.namespace}:owned_blobs"
+
+    @property
     def recovery_lock(self) -> str:
         return f"{self.namespace}:lock:recovery"

@@ -11,6 +11,7 @@ Payload and result are stored as JSON strings, so a script never decodes or re-e
 | resume, max_try | enqueue | '1'/'0' and an int: lets the scripts apply the resume rule alone |
 | gate, gate_ttl_ms | enqueue | the concurrency slot's zset key and its safety TTL |
 | cancel_requested_ms | cancel | set while a running job is asked to stop |
+| owned_blobs | enqueue | JSON list of the large-store references the job owns (see JobRequest.owned_blobs) |
 """
 
 from __future__ import annotations
@@ -21,12 +22,15 @@ from agent_async.lifecycle import JobStatus
 from agent_async.state import JobState
 from agent_async.store import codec
 
-__all__ = ["CANCEL_REQUESTED_FIELD", "state_from_hash", "state_to_hash"]
+__all__ = ["CANCEL_REQUESTED_FIELD", "OWNED_BLOBS_FIELD", "state_from_hash", "state_to_hash"]
 
 CANCEL_REQUESTED_FIELD = "cancel_requested_ms"
+OWNED_BLOBS_FIELD = "owned_blobs"
 
 
-def state_to_hash(state: JobState, *, resume: bool, max_try: int) -> dict[str, str]:
+def state_to_hash(
+    state: JobState, *, resume: bool, max_try: int, owned_blobs: list[str] | None = None
+) -> dict[str, str]:
     """The hash fields enqueue writes for a new state."""
     fields = {
         "id": state.job_id,
@@ -45,6 +49,7 @@ def state_to_hash(state: JobState, *, resume: bool, max_try: int) -> dict[str, s
         "result": None if state.result is None else codec.dumps(state.result),
         "started_ms": None if state.started_ms is None else str(state.started_ms),
         "finished_ms": None if state.finished_ms is None else str(state.finished_ms),
+        OWNED_BLOBS_FIELD: codec.dumps(owned_blobs) if owned_blobs else None,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     return fields

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from agent_async.outage import OUTAGE_ERRORS, RedisOutage
@@ -40,8 +40,11 @@ class WorkerRuntime:
         reconcile_interval_s: float,
         outage: RedisOutage | None = None,
         heartbeat_file: Path | None = None,
+        sweeps: Sequence[Callable[[], Awaitable[int]]] = (),
     ) -> None:
         self._store = store
+        # Run after each recovery pass, on the same interval (OwnedBlobs.sweep, for one).
+        self._sweeps = list(sweeps)
         self._heartbeat_file = heartbeat_file
         self._outage = outage or RedisOutage()
         self.recovery = recovery
@@ -122,6 +125,8 @@ class WorkerRuntime:
 
     async def _reconcile(self) -> None:
         await self.recovery.reconcile_orphans(lock_ttl_s=self._reconcile_interval_s)
+        for sweep in self._sweeps:
+            await sweep()
 
     async def _listen_for_cancels(self) -> None:
         channel = self._store.keys.cancel_channel

@@ -48,8 +48,10 @@ class WorkerService:
         on_startup: Sequence[ProcessHook] = (),
         on_shutdown: Sequence[ProcessHook] = (),
         outage: RedisOutage | None = None,
+        sweeps: Sequence[Callable[[], Awaitable[int]]] = (),
     ) -> None:
         self._store = store
+        self._sweeps = list(sweeps)
         self._outage = outage or RedisOutage()
         self._engine = engine
         self._registry = registry
@@ -77,6 +79,7 @@ class WorkerService:
             self._store, recovery=recovery,
             lease_s=self._settings.lease_s, reconcile_interval_s=self._settings.reconcile_interval_s,
             outage=self._outage,
+            sweeps=self._sweeps,
             heartbeat_file=Path(self._settings.worker_heartbeat_file) if self._settings.worker_heartbeat_file else None,
         )
         await self.runtime.start()

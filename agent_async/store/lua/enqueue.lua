@@ -1,13 +1,14 @@
 -- enqueue: persist a PENDING state, take its concurrency slot, index it and queue the engine job,
 -- all or nothing. Every check comes before the first write: a refused enqueue writes nothing.
--- KEYS: state, active, user index|'', schedule index|'', gate|'', engine queue, engine job
+-- KEYS: state, active, user index|'', schedule index|'', gate|'', engine queue, engine job,
+--       owned blobs hash|''  (when the state has an owned_blobs field)
 -- ARGV: job id, now ms, gate limit, gate slot expiry ms, engine job id, engine score ms,
 --       engine job bytes, engine job ttl ms, state key prefix, index cutoff ms,
 --       then the state's hash field/value pairs
 -- Reply: 1 queued, 0 gate full, -1 the id exists, -2 a key has the wrong type
 
-local state, active, user_idx, sched_idx, gate, queue, engine_key =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7]
+local state, active, user_idx, sched_idx, gate, queue, engine_key, owned =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 local job_id, now = ARGV[1], tonumber(ARGV[2])
 if redis.call('EXISTS', state) == 1 or engine_has(engine_key) then return -1 end
 for _, key in ipairs({active, user_idx, sched_idx, gate, queue}) do
@@ -32,6 +33,7 @@ if gate ~= '' and limit > 0 then
   redis.call('ZADD', gate, tonumber(ARGV[4]), job_id)
   if redis.call('PTTL', gate) < tonumber(ARGV[4]) - now then redis.call('PEXPIREAT', gate, tonumber(ARGV[4])) end
 end
+if owned ~= '' then redis.call('HSET', owned, job_id, redis.call('HGET', state, 'owned_blobs')) end
 engine_queue(queue, engine_key, ARGV[5], ARGV[7], ARGV[6], ARGV[8])
 prune(user_idx, ARGV[9], ARGV[10])
 prune(sched_idx, ARGV[9], ARGV[10])

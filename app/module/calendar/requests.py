@@ -11,7 +11,8 @@ from agent_async import JobRequest, StorageUnavailableError
 
 __all__ = ["JobRequestExportIcs", "JobRequestImportIcs"]
 
-# Database outages: the blob store's own error and SQLAlchemy's for the app tables ("database is locked").
+# Database outages: the blob store's own error, which the calendar repository's
+# CalendarStorageUnavailableError subclasses, and SQLAlchemy's in case one arrives untranslated.
 _TRANSIENT: tuple[type[BaseException], ...] = (StorageUnavailableError, OperationalError)
 
 
@@ -43,4 +44,7 @@ class JobRequestImportIcs(_CalendarJobRequest):
     """Import an uploaded ICS file (saved in the large store as `source_ref`) into a calendar."""
 
     name: ClassVar[str] = "calendar.import.ics"
+    # The upload is single-use: deleted once the import ends, however it ends (a cancel, a
+    # failure, retries exhausted, a lost worker), so repeating cancelled imports cannot fill the store.
+    owned_blobs: ClassVar[tuple[str, ...]] = ("source_ref",)
     source_ref: str = ""
