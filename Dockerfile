@@ -20,4 +20,4 @@ RUN pip install '.[app,postgres]' \
 USER agent
 
 EXPOSE 8000
-CMD ["hypercorn", "app.asgi:app", "--bind", "0.0.0.0:8000"]
+CMD ["hypercorn", "--config", "python:app.hypercorn_config", "app.asgi:app", "--bind", "0.0.0.0:8000"]

@@ -8,17 +8,20 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from itsdangerous import BadSignature, SignatureExpired, URLSafeTimedSerializer
+from itsdangerous import BadData, URLSafeTimedSerializer
 
 from app.errors import ApiError
 
-__all__ = ["Principal", "TokenSigner"]
+__all__ = ["CLOCK_SKEW_S", "Principal", "TokenSigner"]
 
 # Separates these tokens from anything else signed with the same key.
 _SALT = "agent-async.api-token.v1"
 _MAX_UID_CHARS = 255
 # Verified tokens remembered (least recently added dropped first).
 _VERIFIED_CACHE_SIZE = 10_000
+# A token dated up to this many seconds ahead of this server's clock is accepted: the process that
+# issued it (another host, the CLI) may run a little ahead. Further ahead, it is not a valid token.
+CLOCK_SKEW_S = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,16 +61,26 @@ class TokenSigner:
         return principal
 
     def _verify_signature(self, token: str) -> tuple[Principal, float]:
+        # The age is checked here, not by itsdangerous: it reports a token from the future as
+        # SignatureExpired ("age < 0"), and with no allowance for clock skew at all.
         try:
-            data, issued_at = self._serializer.loads(token, max_age=self.max_age_s, return_timestamp=True)
-        except SignatureExpired:
-            raise ApiError(401, "token_expired", "the bearer token has expired; get a new one") from None
-        except BadSignature:
+            data, issued_at = self._serializer.loads(token, max_age=None, return_timestamp=True)
+        except BadData:
             raise ApiError(401, "invalid_token", "the bearer token is not valid") from None
+        issued_at_s = float(issued_at.timestamp())
+        age_s = self._clock() - issued_at_s
+        if age_s < -CLOCK_SKEW_S:
+            raise ApiError(
+                401, "invalid_token",
+                f"the bearer token is not valid: it is dated {-age_s:.0f} s in the future (issued after "
+                "this server's current time); check the clocks or get a new token",
+            )
+        if age_s > self.max_age_s:
+            raise ApiError(401, "token_expired", "the bearer token has expired; get a new one")
         uid = data.get("uid") if isinstance(data, dict) else None
         if not isinstance(uid, str) or not uid:
             raise ApiError(401, "invalid_token", "the bearer token carries no user")
-        return Principal(uid=uid, admin=data.get("adm") is True), float(issued_at.timestamp())
+        return Principal(uid=uid, admin=data.get("adm") is True), issued_at_s
 
     def from_header(self, header: str | None) -> Principal:
         """The caller named by an `Authorization: Bearer <token>` header."""

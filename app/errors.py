@@ -33,8 +33,10 @@ _HTTP_CODES = {
     400: "bad_request",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     413: "body_too_large",
     415: "unsupported_media_type",
+    431: "request_header_fields_too_large",
 }
 
 

@@ -12,8 +12,9 @@ from quart_schema import Info, QuartSchema
 from agent_async import Agent, ClientAgent, init_jobs
 from agent_async.serializer import JobStateSerializerDict
 from app.api import jobs as jobs_api
+from app.api.request import MAX_REQUEST_HEAD_BYTES, ApiRequest, request_head_bytes
 from app.auth import TokenSigner
-from app.errors import register_error_handlers
+from app.errors import ApiError, register_error_handlers
 from app.module.admin import api as admin_api
 from app.module.calendar import api as calendar_api
 from app.runtime import EXTENSION_KEY, AppRuntime
@@ -36,6 +37,8 @@ def create_app(settings: AppSettings | None = None) -> Quart:
     init_jobs(settings.agent.job_packages)
 
     app = Quart(__name__, static_folder=None)
+    # Its get_json answers 400 for any unreadable JSON body (charset, UTF-8, nesting).
+    app.request_class = ApiRequest
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     QuartSchema(
         app,
@@ -58,6 +61,15 @@ def create_app(settings: AppSettings | None = None) -> Quart:
     @app.after_serving
     async def stop() -> None:
         await runtime.stop_serving()
+
+    @app.before_request
+    async def limit_head() -> None:
+        # Before authentication: an oversized head is refused whoever sends it.
+        if request_head_bytes(request.scope) > MAX_REQUEST_HEAD_BYTES:
+            raise ApiError(
+                431, "request_header_fields_too_large",
+                f"the URL and headers together are larger than {MAX_REQUEST_HEAD_BYTES} bytes",
+            )
 
     @app.before_request
     async def authenticate() -> None:

@@ -11,8 +11,8 @@ from sqlalchemy.engine import URL, Connection
 
 from agent_async.storage import upgrade_async as upgrade_storage_async
 from agent_async.storage.alembic_env import run_sync
-from agent_async.storage.engine import describe, parse_url
-from app.db import create_app_engine
+from agent_async.storage.engine import describe
+from app.db import create_app_engine, require_async_url
 
 __all__ = ["MIGRATIONS_DIR", "alembic_config", "upgrade", "upgrade_async"]
 
@@ -36,7 +36,7 @@ def _run(connection: Connection, revision: str) -> None:
 
 async def upgrade_async(database_url: str | URL, revision: str = "head") -> None:
     """Bring the blob store and the app tables of `database_url` to their latest schema."""
-    url = parse_url(database_url)
+    url = require_async_url(database_url)  # before the library's migration, which would fail obscurely
     await upgrade_storage_async(url)
     engine = create_app_engine(url)
     try:

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from app.module.calendar.tables import DESCRIPTION_CHARS
+from app.text import text_problem
 
 __all__ = [
     "CalendarCreate",
     "CalendarCreated",
     "CalendarList",
     "CalendarOut",
+    "CalendarPatch",
     "ErrorOut",
     "EventCreate",
     "EventList",
     "EventOut",
+    "EventPatch",
     "JobAccepted",
     "JobList",
     "JobListItem",
@@ -26,12 +31,42 @@ __all__ = [
 
 MAX_PAGE_LIMIT = 100
 MAX_PAGE_OFFSET = 1_000_000
-MAX_DESCRIPTION_CHARS = 10_000
+MAX_DESCRIPTION_CHARS = DESCRIPTION_CHARS
 
 
 class _Strict(BaseModel):
     # Unknown fields are refused: a typo should be a 422, not a silently ignored value.
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+def _single_line(value: str) -> str:
+    problem = text_problem(value, multiline=False)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+def _multi_line(value: str) -> str:
+    problem = text_problem(value, multiline=True)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+# What each stored text field may hold (see app/text.py): names and titles are one line, a
+# description may have tabs and line breaks; no field may hold NUL or another control character.
+CalendarName = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_single_line)]
+Summary = Annotated[str, Field(min_length=1, max_length=1024), AfterValidator(_single_line)]
+Description = Annotated[str, Field(max_length=MAX_DESCRIPTION_CHARS), AfterValidator(_multi_line)]
+
+
+def _utc_seconds(value: datetime) -> datetime:
+    aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
+    try:
+        return aware.astimezone(UTC).replace(microsecond=0)
+    except OverflowError:
+        # 9999-12-31T23:00:00-05:00 is a valid ISO time whose UTC value is past year 9999.
+        raise ValueError("the time in UTC is outside years 1-9999") from None
 
 
 class ErrorOut(BaseModel):
@@ -42,7 +77,13 @@ class ErrorOut(BaseModel):
 
 
 class CalendarCreate(_Strict):
-    name: str = Field(min_length=1, max_length=255)
+    name: CalendarName
+
+
+class CalendarPatch(_Strict):
+    """Rename a calendar."""
+
+    name: CalendarName
 
 
 class CalendarCreated(BaseModel):
@@ -62,20 +103,47 @@ class CalendarList(BaseModel):
 class EventCreate(_Strict):
     """An event; naive times are read as UTC and sub-second parts dropped (ICS has whole seconds)."""
 
-    summary: str = Field(min_length=1, max_length=1024)
+    summary: Summary
     start: datetime
     end: datetime
-    description: str | None = Field(default=None, max_length=MAX_DESCRIPTION_CHARS)
+    description: Description | None = None
 
     @field_validator("start", "end")
     @classmethod
-    def _utc_seconds(cls, value: datetime) -> datetime:
-        aware = value if value.tzinfo is not None else value.replace(tzinfo=UTC)
-        return aware.astimezone(UTC).replace(microsecond=0)
+    def _utc(cls, value: datetime) -> datetime:
+        return _utc_seconds(value)
 
     @model_validator(mode="after")
     def _end_after_start(self) -> EventCreate:
         if self.end < self.start:
+            raise ValueError("end must not be before start")
+        return self
+
+
+class EventPatch(_Strict):
+    """Any of the event's fields; the others keep their value. `"description": null` clears it.
+
+    The UID is the event's identity (imports upsert by it) and cannot be changed.
+    """
+
+    summary: Summary | None = None
+    start: datetime | None = None
+    end: datetime | None = None
+    description: Description | None = None
+
+    @field_validator("start", "end")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return None if value is None else _utc_seconds(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> EventPatch:
+        if not self.model_fields_set:
+            raise ValueError("send at least one of summary, start, end, description")
+        for name in ("summary", "start", "end"):
+            if name in self.model_fields_set and getattr(self, name) is None:
+                raise ValueError(f"{name} cannot be null")
+        if self.start is not None and self.end is not None and self.end < self.start:
             raise ValueError("end must not be before start")
         return self
 

@@ -101,7 +101,7 @@ class Api:
 
     async def drain(self) -> None:
         """Run a real worker until the queue is empty (arq burst mode): deterministic, no sleeps."""
-        await self.runtime.agent.run_worker(burst=True, poll_delay=0)
+        await self.runtime.agent.run_worker(burst=True, poll_delay=0, handle_signals=False)
 
     async def state(self, job_id: str) -> JobState:
         state = await self.runtime.client.get_state(job_id)

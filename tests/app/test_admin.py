@@ -127,3 +127,23 @@ async def test_disabled_and_reenabled_on_a_running_worker(api: Api) -> None:
     listed = (await schedules(api))[CLEANUP]
     assert listed["last_run"]["job_id"] == runs[0].job_id
     assert listed["recent_skips"][0]["reason"] == "disabled by root"
+
+
+@pytest.mark.parametrize("body", [b"{not json", b"", b'{"enabled": fals}'], ids=["malformed", "empty", "bad-literal"])
+async def test_patch_with_unparseable_json_is_400(api: Api, body: bytes) -> None:
+    """Unparseable JSON is a 400 bad_request, as on every endpoint (docs/api.md); a well-formed body
+    with wrong fields stays a 422 (test_patch_refuses_bad_input_with_the_reason)."""
+    headers = {**api.headers("root", admin=True), "Content-Type": "application/json"}
+    response = await api.client.patch(f"/admin/schedules/{CLEANUP}", data=body, headers=headers)
+    assert response.status_code == 400
+    payload = await response.get_json()
+    assert payload["error"] == "bad_request" and "not parseable JSON" in payload["message"]
+    assert (await schedules(api))[CLEANUP]["override"] is None, "nothing was stored"
+
+
+async def test_patch_without_a_json_content_type_is_422(api: Api) -> None:
+    """A body not declared as JSON is not read as JSON: the object the endpoint needs is missing."""
+    response = await api.client.patch(f"/admin/schedules/{CLEANUP}", data=b'{"enabled": false}',
+                                      headers={**api.headers("root", admin=True), "Content-Type": "text/plain"})
+    assert response.status_code == 422
+    assert (await response.get_json())["error"] == "invalid_body"

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -135,11 +139,113 @@ def test_compose_file_declares_the_stack() -> None:
     for name in ("api", "worker"):
         assert services[name]["depends_on"]["migrate"]["condition"] == "service_completed_successfully"
         assert services[name]["depends_on"]["redis"]["condition"] == "service_healthy"
-    assert services["worker"]["command"] == ["arq", "app.worker.WorkerSettings"]
+    assert services["worker"]["command"] == ["python", "-m", "app", "worker"]
     assert services["worker"]["deploy"]["replicas"] >= 2
     assert "ports" not in services["worker"], "workers must scale without port clashes"
-    assert services["api"]["command"][:2] == ["hypercorn", "app.asgi:app"]
+    api = services["api"]["command"]
+    assert api[0] == "hypercorn" and "app.asgi:app" in api
+    assert api[api.index("--config") + 1] == "python:app.hypercorn_config"
     for name in ("migrate", "api", "worker"):
         assert services[name]["build"] == "."
         assert "AGENT_SECRET_KEY" in services[name]["environment"]
     assert (ROOT / "Dockerfile").is_file()
+
+
+def one_error_line(done: subprocess.CompletedProcess[str]) -> str:
+    """The single stderr line of a failed command (no traceback, no log noise)."""
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), done.stderr
+    return lines[0]
+
+
+def test_token_with_an_empty_uid_is_a_usage_error(tmp_path: Path, namespace: str) -> None:
+    env = cli_env(namespace, f"sqlite+aiosqlite:///{tmp_path / 'x.db'}")
+    done = run([sys.executable, "-m", "app", "token", ""], env)
+    assert done.returncode == 2 and done.stdout == ""
+    assert "invalid uid ''" in one_error_line(done)
+
+
+def test_a_sqlite_url_without_the_async_driver_is_a_usage_error(tmp_path: Path, namespace: str) -> None:
+    """`sqlite:///x.db` names the synchronous driver: one line saying which URL to use instead."""
+    path = tmp_path / "x.db"
+    for command in ("migrate", "worker", "api"):
+        done = run([sys.executable, "-m", "app", command], cli_env(namespace, f"sqlite:///{path}"))
+        assert done.returncode == 2, (command, done.stderr)
+        line = one_error_line(done)
+        assert "AGENT_DATABASE_URL" in line and f"use sqlite+aiosqlite:///{path}" in line, line
+    assert not path.exists(), "nothing was created"
+
+
+def test_a_database_url_password_is_never_printed(tmp_path: Path, namespace: str) -> None:
+    done = run([sys.executable, "-m", "app", "migrate"], cli_env(namespace, "postgresql://u:hunter2secret@h/db"))
+    assert done.returncode == 2
+    line = one_error_line(done)
+    assert "hunter2secret" not in line and "postgresql+asyncpg://u:***@h/db" in line
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def test_api_on_a_busy_port_is_one_line_and_exit_1(tmp_path: Path, namespace: str) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        done = run([sys.executable, "-m", "app", "api", "--port", str(port)],
+                   cli_env(namespace, f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"), timeout_s=30)
+    assert done.returncode == 1
+    assert one_error_line(done) == f"error: cannot listen on 127.0.0.1:{port}: Address already in use"
+
+
+def raw_get(port: int, header_bytes: int, *, finished: bool = True) -> tuple[int, dict[str, str], bytes]:
+    """GET /health with a padding header of `header_bytes`, over a raw socket (no client-side limit);
+    `finished=False` leaves out the blank line that ends the head, so the server reads all of it."""
+    request = (f"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Padding: {'x' * header_bytes}\r\n"
+               + ("Connection: close\r\n\r\n" if finished else "")).encode()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        with contextlib.suppress(OSError):  # hypercorn may answer and close before reading it all
+            sock.sendall(request)
+        data = b""
+        while chunk := sock.recv(65536):
+            data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status_line, *header_lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value.strip() for name, _, value in (h.partition(":") for h in header_lines)}
+    return int(status_line.split()[1]), headers, body
+
+
+def test_hypercorn_leaves_oversized_heads_to_the_app(tmp_path: Path, namespace: str, redis: Redis) -> None:
+    """`python -m app api` raises hypercorn's head limit (app/hypercorn_config.py) above the app's:
+    a 20 KiB header gets the app's JSON 431. hypercorn (h11) answers by itself only when a head is
+    still incomplete after 64 KiB are buffered: then, before the app is called, with an empty 431
+    the app cannot shape (documented in docs/api.md)."""
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "api", "--port", str(port)],
+        env=cli_env(namespace, f"sqlite+aiosqlite:///{tmp_path / 'x.db'}"), cwd=ROOT,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        for _ in range(200):
+            try:
+                if raw_get(port, 10)[0] == 200:
+                    break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            proc.terminate()
+            raise AssertionError(f"the API did not start: {proc.communicate(timeout=30)[1]}")
+        status, headers, body = raw_get(port, 20 * 1024)
+        assert status == 431 and headers["content-type"] == "application/json"
+        assert json.loads(body)["error"] == "request_header_fields_too_large"
+        # Still incomplete after 64 KiB: hypercorn's own answer.
+        status, headers, body = raw_get(port, 70 * 1024, finished=False)
+        assert (status, headers["content-length"], body) == (431, "0", b"")
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+            proc.communicate(timeout=30)  # also closes the stderr pipe

@@ -49,7 +49,9 @@ async def patch_schedule(name: str) -> Response:
     scheduler = _scheduler()
     if name not in scheduler.schedules():
         raise ApiError(404, "schedule_not_found", f"no schedule {name}")
-    body = await request.get_json(silent=True)
+    # Not silent: an unparseable body is a 400 bad_request (as on every endpoint); a body that
+    # parses but is not the expected object is a 422 below.
+    body = await request.get_json()
     changes = _validated(body)
     await scheduler.overrides.set(name, by=current_principal().uid, **changes)
     view = await scheduler.view(name)

@@ -12,10 +12,13 @@ from app.api.schemas import (
     CalendarCreate,
     CalendarCreated,
     CalendarList,
+    CalendarOut,
+    CalendarPatch,
     ErrorOut,
     EventCreate,
     EventList,
     EventOut,
+    EventPatch,
     JobAccepted,
     Page,
 )
@@ -53,6 +56,10 @@ def _status(body: Response, status: int) -> Response:
     return body
 
 
+def _no_content() -> Response:
+    return Response(status=204)
+
+
 @blueprint.post("")
 @tag(["calendars"])
 @validate_request(CalendarCreate)
@@ -73,6 +80,28 @@ async def list_calendars() -> Response:
     return jsonify({"calendars": [_calendar_json(c) for c in calendars]})
 
 
+@blueprint.patch("/<key>")
+@tag(["calendars"])
+@validate_request(CalendarPatch)
+@document_response(CalendarOut)
+@document_response(ErrorOut, 400)
+@document_response(ErrorOut, 404)
+@document_response(ErrorOut, 422)
+async def rename_calendar(key: str, data: CalendarPatch) -> Response:
+    """Rename the caller's calendar; answers the calendar."""
+    calendar = await _module().rename(key, current_principal().uid, data.name)
+    return jsonify(_calendar_json(calendar))
+
+
+@blueprint.delete("/<key>")
+@tag(["calendars"])
+@document_response(ErrorOut, 404)
+async def delete_calendar(key: str) -> Response:
+    """Delete the caller's calendar and all its events; 204 without a body."""
+    await _module().delete(key, current_principal().uid)
+    return _no_content()
+
+
 @blueprint.post("/<key>/events")
 @tag(["calendars"])
 @validate_request(EventCreate)
@@ -86,6 +115,32 @@ async def add_event(key: str, data: EventCreate) -> Response:
     )
     await _module().add_event(key, current_principal().uid, event)
     return _status(jsonify(_event_json(event)), 201)
+
+
+# `path:` so that a UID holding "/" (imported UIDs may) can be addressed, percent-encoded or not.
+# `string:` spelled out: quart-schema's rule-to-OpenAPI regex otherwise swallows "<key>/events/<path:"
+# and documents the route as /calendars/{uid}.
+@blueprint.patch("/<string:key>/events/<path:uid>")
+@tag(["calendars"])
+@validate_request(EventPatch)
+@document_response(EventOut)
+@document_response(ErrorOut, 400)
+@document_response(ErrorOut, 404)
+@document_response(ErrorOut, 422)
+async def update_event(key: str, uid: str, data: EventPatch) -> Response:
+    """Change any of an event's summary, start, end and description; answers the event."""
+    changes = {name: getattr(data, name) for name in data.model_fields_set}
+    event = await _module().update_event(key, current_principal().uid, uid, changes)
+    return jsonify(_event_json(event))
+
+
+@blueprint.delete("/<string:key>/events/<path:uid>")
+@tag(["calendars"])
+@document_response(ErrorOut, 404)
+async def delete_event(key: str, uid: str) -> Response:
+    """Delete one event of the caller's calendar; 204 without a body."""
+    await _module().delete_event(key, current_principal().uid, uid)
+    return _no_content()
 
 
 @blueprint.get("/<key>/events")

@@ -2,20 +2,42 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import re
 import uuid
+from typing import Any
 
 from agent_async import ClientAgent
 from app.errors import ApiError
 from app.module.calendar.model import Calendar, Event
 from app.module.calendar.repository import CalendarRepository
 from app.module.calendar.requests import JobRequestExportIcs, JobRequestImportIcs
+from app.module.calendar.tables import UID_CHARS
+from app.text import single_line_problem
 
 __all__ = ["ModuleCalendar"]
 
 logger = logging.getLogger(__name__)
 
 UPLOAD_CONTENT_TYPE = "text/calendar"
+
+# Every calendar key is a uuid4 hex (CalendarRepository.create_calendar). Anything else is not found
+# without a query: a NUL in the URL made PostgreSQL fail the lookup itself (a 500).
+_KEY = re.compile(r"[0-9a-f]{32}")
+
+
+def _calendar_not_found(key: str) -> ApiError:
+    return ApiError(404, "calendar_not_found", f"no calendar {key}")
+
+
+def _event_not_found(uid: str) -> ApiError:
+    return ApiError(404, "event_not_found", f"no event {uid} in this calendar")
+
+
+def _storable_uid(uid: str) -> bool:
+    # Imported UIDs follow the same rule (ics.parse_ics): one that breaks it was never stored.
+    return 0 < len(uid) <= UID_CHARS and single_line_problem(uid) is None
 
 
 class ModuleCalendar:
@@ -32,10 +54,43 @@ class ModuleCalendar:
         return await self._repository.list_calendars(owner_uid)
 
     async def get(self, key: str, owner_uid: str) -> Calendar:
-        calendar = await self._repository.get_calendar(key, owner_uid)
+        calendar = await self._repository.get_calendar(key, owner_uid) if _KEY.fullmatch(key) else None
         if calendar is None:
-            raise ApiError(404, "calendar_not_found", f"no calendar {key}")
+            raise _calendar_not_found(key)
         return calendar
+
+    async def rename(self, key: str, owner_uid: str, name: str) -> Calendar:
+        calendar = await self._repository.rename_calendar(key, owner_uid, name) if _KEY.fullmatch(key) else None
+        if calendar is None:
+            raise _calendar_not_found(key)
+        return calendar
+
+    async def delete(self, key: str, owner_uid: str) -> None:
+        """Delete the calendar and its events. A job already queued for it fails: calendar gone."""
+        if not (_KEY.fullmatch(key) and await self._repository.delete_calendar(key, owner_uid)):
+            raise _calendar_not_found(key)
+
+    async def update_event(self, key: str, owner_uid: str, uid: str, changes: dict[str, Any]) -> Event:
+        """Apply `changes` (fields of Event, never the UID) to the event; 422 if it would end before it starts."""
+        await self.get(key, owner_uid)
+        current = await self._repository.get_event(key, uid) if _storable_uid(uid) else None
+        if current is None:
+            raise _event_not_found(uid)
+        updated = dataclasses.replace(current, **changes)
+        if updated.end < updated.start:
+            raise ApiError(
+                422, "invalid_body",
+                f"end must not be before start (the event would run {updated.start.isoformat()} "
+                f"to {updated.end.isoformat()})",
+            )
+        if not await self._repository.replace_event(key, updated):
+            raise _event_not_found(uid)  # deleted meanwhile
+        return updated
+
+    async def delete_event(self, key: str, owner_uid: str, uid: str) -> None:
+        await self.get(key, owner_uid)
+        if not (_storable_uid(uid) and await self._repository.delete_event(key, uid)):
+            raise _event_not_found(uid)
 
     async def add_event(self, key: str, owner_uid: str, event: Event) -> Event:
         await self.get(key, owner_uid)

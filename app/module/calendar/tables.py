@@ -6,13 +6,16 @@ from sqlalchemy import Column, DateTime, ForeignKey, Integer, String, Table, Tex
 
 from app.db import metadata
 
-__all__ = ["KEY_CHARS", "SUMMARY_CHARS", "UID_CHARS", "calendars", "events"]
+__all__ = ["DESCRIPTION_CHARS", "KEY_CHARS", "SUMMARY_CHARS", "UID_CHARS", "calendars", "events"]
 
 KEY_CHARS = 32
 OWNER_CHARS = 255
 NAME_CHARS = 255
 UID_CHARS = 255
 SUMMARY_CHARS = 1024
+# Not a column limit: MariaDB's TEXT holds 65 535 bytes, and 10 000 characters of up to 4 bytes fit,
+# so a description this long is stored by all three databases (the API and the import enforce it).
+DESCRIPTION_CHARS = 10_000
 
 calendars = Table(
     "calendars",

@@ -34,7 +34,14 @@ async def read_upload(request: Request) -> str:
         )
     if not data:
         raise ApiError(422, "invalid_body", "the uploaded file is empty")
-    return _decode(data, charset)
+    text = _decode(data, charset)
+    nul = text.find("\x00")
+    if nul >= 0:
+        # No iCalendar line may hold a NUL (RFC 5545 3.1), and PostgreSQL cannot store one: refused
+        # here, before anything is saved. The worker checks every value again (app/text.py).
+        line = text.count("\n", 0, nul) + 1
+        raise ApiError(422, "invalid_body", f"the uploaded file contains a NUL character (line {line})")
+    return text
 
 
 def _decode(data: bytes, charset: str | None) -> str:

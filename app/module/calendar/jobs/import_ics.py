@@ -7,7 +7,7 @@ from typing import Any
 
 from agent_async import Job, agent_job
 from app.module.calendar.ics import InvalidIcsError, parse_ics
-from app.module.calendar.repository import CalendarRepository
+from app.module.calendar.repository import CalendarRepository, CalendarStorageError
 from app.module.calendar.requests import JobRequestImportIcs
 from app.runtime import current_runtime
 
@@ -45,7 +45,14 @@ class JobImportIcs(Job[JobRequestImportIcs]):
             # Permanent: the upload can never import, so it is not kept for a retry.
             await store.delete(ref)
             raise
-        counts = await repository.upsert_events(key, events)
+        try:
+            # SQL errors arrive translated (CalendarStorageError, or CalendarStorageUnavailableError
+            # which is retried): the job's public error never shows the statement or the driver.
+            counts = await repository.upsert_events(key, events)
+        except CalendarStorageError:
+            # Permanent as well: the same file would be refused again.
+            await store.delete(ref)
+            raise
         # An input blob is single-use: deleted once its events are committed.
         await store.delete(ref)
         logger.info("job %s imported into %s: %s", job_id, key, counts)

@@ -1,0 +1,14 @@
+"""hypercorn settings of the API: `python -m app api` loads them, and so can hypercorn's own CLI:
+
+    hypercorn --config python:app.hypercorn_config app.asgi:app --bind 0.0.0.0:8000
+
+A request head (URL and headers) over hypercorn's limit is answered by hypercorn itself, before the
+app is called: a 431 (400 for a malformed head) with an empty body that the app cannot shape. The app
+refuses heads over app.api.request.MAX_REQUEST_HEAD_BYTES (8 KiB) with a JSON 431, so hypercorn's
+limit is set well above it: only a head over 64 KiB still gets hypercorn's empty answer.
+
+Only hypercorn setting names belong in this module (hypercorn reads every public name).
+"""
+
+# Bytes h11 buffers for one request head (hypercorn's default: 16 KiB).
+h11_max_incomplete_size = 64 * 1024
