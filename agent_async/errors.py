@@ -8,6 +8,7 @@ __all__ = [
     "ERROR_JOB_CONCURRENT_LIMIT",
     "ERROR_JOB_PAYLOAD_INVALID",
     "ERROR_JOB_UNKNOWN",
+    "AccessRevoked",
     "AgentError",
     "ConfigurationError",
     "DuplicateJobError",
@@ -102,3 +103,10 @@ class StorageUnavailableError(StorageError, ConnectionError):
 
 class StorageIntegrityError(StorageError):
     """A stored blob does not match its recorded hash or size: its bytes are never returned."""
+
+
+class AccessRevoked(AgentError):
+    """Raised by `Job.authorize()` when the enqueuing user may no longer run this job.
+
+    The job ends CANCELED with this reason before `process()` runs: no retry, its slot freed.
+    """

@@ -71,6 +71,11 @@ class Job(Generic[RequestT]):
     def __init__(self, resources: JobResources) -> None:
         self.resources = resources
 
+    async def authorize(self, request: RequestT, *, user_uid: str, job_id: str) -> None:
+        """Check, in the worker and just before `process()`, that the user who enqueued the job may
+        still run it (access can be revoked while it waits in the queue); raise AccessRevoked if
+        not. Called only for jobs that have a user. The default allows everything."""
+
     async def process(self, request: RequestT, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         """Do the work; return a small JSON-safe dict (or {"large_result": ref, ...})."""
         raise NotImplementedError

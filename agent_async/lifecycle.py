@@ -51,6 +51,7 @@ class ErrorKind(StrEnum):
     WORKER_SHUTDOWN = "WorkerShutdown"
     SOFT_TIME_LIMIT = "SoftTimeLimitExceeded"
     HARD_TIME_LIMIT = "HardTimeLimitExceeded"
+    ACCESS_REVOKED = "AccessRevoked"
 
     def describe(self, detail: str) -> str:
         return f"{self.value}: {detail}"

@@ -10,7 +10,7 @@ from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from agent_async.errors import RequestRefusedError, SoftTimeLimitExceeded
+from agent_async.errors import AccessRevoked, RequestRefusedError, SoftTimeLimitExceeded
 from agent_async.job import Job
 from agent_async.lifecycle import ErrorKind, JobStatus, Outcome
 from agent_async.request import JobRequest
@@ -96,6 +96,9 @@ class JobRunner:
 
     async def _process(self, request: JobRequest, job_id: str, user_uid: str | None) -> dict[str, Any]:
         async with self._context() if self._context else nullcontext():
+            if user_uid is not None:
+                # Inside the attempt, so its time limit and a cancel apply to it too.
+                await self.job.authorize(request, user_uid=user_uid, job_id=job_id)
             return await self.job.process(request, user_uid=user_uid, job_id=job_id)
 
     async def _supervise(self, task: asyncio.Task[dict[str, Any]], handle: RunHandle, attempt: int) -> Outcome:
@@ -160,6 +163,8 @@ class JobRunner:
         return Outcome(JobStatus.SUCCESS, result=result)
 
     def _failed(self, exc: BaseException, attempt: int) -> Outcome:
+        if isinstance(exc, AccessRevoked):
+            return Outcome(JobStatus.CANCELED, error=ErrorKind.ACCESS_REVOKED.describe(str(exc) or "access revoked"))
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         retryable = isinstance(exc, self.request_class.retry_for)
         if retryable and attempt < self.request_class.max_try:
