@@ -11,6 +11,7 @@ from agent_async.errors import (
     ConfigurationError,
     DuplicateJobError,
     EnqueueError,
+    GroupError,
     JobDeclarationError,
     QueueUnavailableError,
     RequestCode,
@@ -21,6 +22,7 @@ from agent_async.errors import (
     StorageIntegrityError,
     StorageUnavailableError,
 )
+from agent_async.groups import GroupFinalizer, GroupView
 from agent_async.job import Job, JobResources, agent_job, init_jobs
 from agent_async.lifecycle import ACTIVE, TERMINAL, ErrorKind, JobStatus
 from agent_async.registry import JobRegistry, registry
@@ -45,6 +47,9 @@ __all__ = [
     "DuplicateJobError",
     "EnqueueError",
     "ErrorKind",
+    "GroupError",
+    "GroupFinalizer",
+    "GroupView",
     "Job",
     "JobDeclarationError",
     "JobRegistry",

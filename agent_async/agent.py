@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import Redis
 
 from agent_async.engine import STORE_LUA, Engine
+from agent_async.groups import Groups
 from agent_async.job import JobResources
 from agent_async.lifecycle import attempt_budget_s
 from agent_async.outage import RedisOutage
@@ -21,6 +22,7 @@ from agent_async.schedules.scheduler import Scheduler
 from agent_async.settings import AgentSettings
 from agent_async.state import JobState
 from agent_async.store import GateClaim, JobStore, KeySpace
+from agent_async.store.groups import GroupStore
 from agent_async.worker import JobContextFactory, WorkerService
 
 if TYPE_CHECKING:
@@ -64,7 +66,11 @@ class Agent:
         # One outage report per process, whichever loop meets it first.
         outage = RedisOutage()
         self.engine = Engine(settings, store=self.job_store, registry=job_registry, outage=outage)
-        self.resources = JobResources(settings, redis=lambda: self.job_store.redis, large_store=self.get_large_store)
+        group_store = GroupStore(self.job_store, engine_lua=STORE_LUA)
+        self.groups = Groups(self.job_store, groups=group_store, engine=self.engine)
+        self.resources = JobResources(
+            settings, redis=lambda: self.job_store.redis, large_store=self.get_large_store, groups=self.groups
+        )
         self.owned_blobs = OwnedBlobs(self.job_store, large_store=self.get_large_store)
         self.worker = WorkerService(
             self.job_store,
@@ -76,7 +82,7 @@ class Agent:
             on_startup=[self._bound_hook(hook) for hook in on_worker_startup],
             on_shutdown=[self._bound_hook(hook) for hook in on_worker_shutdown],
             outage=outage,
-            sweeps=[self.owned_blobs.sweep],
+            sweeps=[self.owned_blobs.sweep, self.groups.finalize_pending],
         )
         self._large_store = store
         self._overrides = overrides

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent_async.agent import Agent
 from agent_async.canceller import JobCanceller
 from agent_async.errors import RequestCode, RequestRefusedError
+from agent_async.groups import GroupFinalizer, GroupView
 from agent_async.request import JobRequest
 from agent_async.schedules.scheduler import Scheduler
 from agent_async.state import JobState
@@ -47,6 +49,24 @@ class ClientAgent:
         if request_class is None:
             raise RequestRefusedError(RequestCode.JOB_UNKNOWN, f"no job is named {name!r}")
         return await self.enqueue(request_class.from_payload(payload), user_uid, defer_s=defer_s)
+
+    async def enqueue_group(
+        self,
+        children: Sequence[JobRequest],
+        finalizer: GroupFinalizer,
+        *,
+        user_uid: str | None = None,
+        max_in_flight: int | None = None,
+    ) -> str:
+        """Queue children and a finalizer that runs exactly once after the last child has ended
+        (see agent_async.groups); returns the group id. All or nothing."""
+        return await self.agent.groups.create(children, finalizer, user_uid=user_uid, max_in_flight=max_in_flight)
+
+    async def get_group(self, group_id: str) -> GroupView | None:
+        return await self.agent.groups.get(group_id)
+
+    async def cancel_group(self, group_id: str) -> GroupView | None:
+        return await self.agent.groups.cancel(group_id)
 
     async def get_state(self, job_id: str) -> JobState | None:
         return await self._jobs.get(job_id)

@@ -13,6 +13,7 @@ __all__ = [
     "ConfigurationError",
     "DuplicateJobError",
     "EnqueueError",
+    "GroupError",
     "JobDeclarationError",
     "QueueUnavailableError",
     "RequestCode",
@@ -110,3 +111,8 @@ class AccessRevoked(AgentError):
 
     The job ends CANCELED with this reason before `process()` runs: no retry, its slot freed.
     """
+
+
+class GroupError(AgentError):
+    """A group that cannot be created as asked (too many children, a finalizer of the wrong kind);
+    nothing was written."""

@@ -9,13 +9,14 @@ from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
-from agent_async.errors import ConfigurationError, JobDeclarationError
+from agent_async.errors import AgentError, ConfigurationError, JobDeclarationError
 from agent_async.registry import registry
 from agent_async.request import JobRequest
 
 if TYPE_CHECKING:
     from redis.asyncio import Redis
 
+    from agent_async.groups import Groups
     from agent_async.settings import AgentSettings
     from agent_async.storage import ClientStorage
 
@@ -40,10 +41,12 @@ class JobResources:
         *,
         redis: Callable[[], Redis],
         large_store: Callable[[], ClientStorage],
+        groups: Groups | None = None,
     ) -> None:
         self.settings = settings
         self._redis = redis
         self._large_store = large_store
+        self._groups = groups
 
     @property
     def namespace(self) -> str:
@@ -56,6 +59,14 @@ class JobResources:
     def large_store(self) -> ClientStorage:
         """The large-blob store, scoped to the agent source."""
         return self._large_store()
+
+    @property
+    def groups(self) -> Groups:
+        """Fan-out groups, from inside a job: `await self.resources.groups.create(children, finalizer)`,
+        and a finalizer's counts: `await self.resources.groups.get(request.group_id)`."""
+        if self._groups is None:
+            raise AgentError("these resources were built without groups")
+        return self._groups
 
 
 class Job(Generic[RequestT]):

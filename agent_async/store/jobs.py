@@ -22,17 +22,15 @@ from agent_async.errors import (
     RequestCode,
     RequestRefusedError,
 )
-from agent_async.lifecycle import JobStatus, StartDecision, lua_constants, now_ms
+from agent_async.lifecycle import JobStatus, StartDecision, now_ms
 from agent_async.state import JobState
 from agent_async.store import codec
 from agent_async.store.keys import KeySpace
 from agent_async.store.schema import CANCEL_REQUESTED_FIELD, state_from_hash, state_to_hash
-from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_source, run_script
+from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_source, run_script, store_script
 
 __all__ = ["CancelReply", "EngineJob", "EngineRef", "GateClaim", "JobStore"]
 
-# Index entries older than the retention are checked this many at a time (see lib.lua's prune).
-_PRUNE_BATCH = 10
 # Recent skips remembered per schedule (newest first).
 _SKIPS_KEPT = 100
 
@@ -43,12 +41,6 @@ class CancelReply(Enum):
     UNKNOWN = "unknown"  # no such job
     REQUESTED = "requested"  # running: flagged, its worker stops it
     SETTLED = "settled"  # now (or already) terminal
-
-
-def _script(name: str, engine_lua: str, *, packed: bool = False) -> LuaScript:
-    constants = {**lua_constants(), "@PRUNE_BATCH@": str(_PRUNE_BATCH)}
-    lib = lua_source("agent_async.store", "lib.lua", constants)
-    return LuaScript(engine_lua + "\n" + lib + "\n" + lua_source("agent_async.store", name), packed=packed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,11 +103,11 @@ class JobStore:
         self.retention_s = retention_s
         self.lease_ms = lease_ms
         self._redis: Redis | None = None
-        self._enqueue = _script("enqueue.lua", engine_lua)
-        self._start = _script("start.lua", engine_lua, packed=True)
-        self._transition = _script("transition.lua", engine_lua, packed=True)
-        self._cancel = _script("cancel.lua", engine_lua)
-        self._orphan = _script("orphan.lua", engine_lua)
+        self._enqueue = store_script("enqueue.lua", engine_lua)
+        self._start = store_script("start.lua", engine_lua, packed=True)
+        self._transition = store_script("transition.lua", engine_lua, packed=True)
+        self._cancel = store_script("cancel.lua", engine_lua)
+        self._orphan = store_script("orphan.lua", engine_lua)
         self._release_lock = LuaScript(lua_source("agent_async.store", "release_lock.lua"))
 
     def bind(self, redis: Redis | None) -> None:

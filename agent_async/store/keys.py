@@ -52,6 +52,15 @@ class KeySpace:
     def cancel_channel(self) -> str:
         return f"{self.namespace}:cancel"
 
+    def group(self, group_id: str) -> str:
+        """A fan-out group's hash; its sets and lists are this key + ':ended', ':live', ':waiting', ':failed'."""
+        return f"{self.namespace}:group:{group_id}"
+
+    @property
+    def groups_final_pending(self) -> str:
+        """Groups whose finalizer could not be queued when their last child ended (recovery retries)."""
+        return f"{self.namespace}:groups:final_pending"
+
     @property
     def owned_blobs(self) -> str:
         """Jobs that own large-store blobs: job id -> JSON list of references, until deleted."""

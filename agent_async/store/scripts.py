@@ -14,6 +14,8 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
+from agent_async.lifecycle import lua_constants
+
 __all__ = ["LuaScript", "ScriptCall", "load_scripts", "lua_source", "run_script"]
 
 Arg = str | bytes | int | float
@@ -36,6 +38,17 @@ def lua_source(package: str, name: str, constants: Mapping[str, str] | None = No
     if "@" in "".join(line.split("--", 1)[0] for line in text.splitlines()):
         raise ValueError(f"{package}/lua/{name}: a placeholder was left unfilled")
     return text
+
+
+# Index entries older than the retention are checked this many at a time (see lib.lua's prune).
+_PRUNE_BATCH = 10
+
+
+def store_script(name: str, engine_lua: str, *, packed: bool = False) -> LuaScript:
+    """A store script: the engine's Lua library, then store/lua/lib.lua, then the script itself."""
+    constants = {**lua_constants(), "@PRUNE_BATCH@": str(_PRUNE_BATCH)}
+    lib = lua_source("agent_async.store", "lib.lua", constants)
+    return LuaScript(engine_lua + "\n" + lib + "\n" + lua_source("agent_async.store", name), packed=packed)
 
 
 @dataclass(frozen=True, slots=True)

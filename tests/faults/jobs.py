@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from agent_async import Job, JobRequest, agent_job, run_in_child
+from agent_async import GroupFinalizer, Job, JobRequest, agent_job, run_in_child
 
 
 def effects_key(namespace: str) -> str:
@@ -122,3 +123,28 @@ class CountThenSleepJob(Job[CountThenSleep]):
         await self.resources.redis.hincrby(runs_key(self.resources.namespace), job_id, 1)
         await asyncio.sleep(request.duration_s)
         return {"slept_s": request.duration_s}
+
+
+def finals_key(namespace: str) -> str:
+    return f"{namespace}:faults:finals"
+
+
+@dataclass
+class FanoutFinal(GroupFinalizer):
+    """Records the group's counts once per run (a SIGKILL during it re-runs it: resume)."""
+
+    name: ClassVar[str] = "faults.fanout_final"
+    resume: ClassVar[bool] = True
+    max_try: ClassVar[int] = 12
+
+
+@agent_job
+class FanoutFinalJob(Job[FanoutFinal]):
+    request_class = FanoutFinal
+
+    async def process(self, request: FanoutFinal, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        view = await self.resources.groups.get(request.group_id)
+        assert view is not None
+        counts = {"succeeded": view.succeeded, "failed": view.failed, "canceled": view.canceled}
+        await self.resources.redis.hset(finals_key(self.resources.namespace), job_id, json.dumps(counts))
+        return counts

@@ -7,6 +7,7 @@ the run ("fault-injection figures: {...}").
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import signal
 import time
@@ -21,7 +22,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from agent_async import Agent, AgentSettings, ClientAgent, JobState, JobStatus
 from tests.conftest import REDIS_URL
 from tests.faults.conftest import FIGURES, PrivateRedis
-from tests.faults.jobs import Blocking, CountThenSleep, OnceUpsert, ResumeUpsert, effects_key, runs_key
+from tests.faults.jobs import (
+    Blocking,
+    CountThenSleep,
+    FanoutFinal,
+    OnceUpsert,
+    ResumeUpsert,
+    effects_key,
+    finals_key,
+    runs_key,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -311,3 +321,47 @@ async def test_outcomes_are_kept_through_a_redis_restart(
         assert sorted({int(n) for n in runs.values()}) == [1], "a job ran twice (or never counted its run)"
         assert len(runs) == len(ids)
         FIGURES[f"outcomes_through_redis_restart_{kind}"] = {"jobs": len(ids), "lost": 0, "ran_twice": 0}
+
+
+async def test_fanout_finalizer_exactly_once_through_sigkills(
+    agent: Agent, client: ClientAgent, redis: Redis, workers: object, namespace: str
+) -> None:
+    """A group of 200 resume=True children, 20 in flight, while the worker is SIGKILLed 10 times:
+    every child counted once, the finalizer queued once (one job id) with the right counts."""
+    rng = random.Random(11)
+    children = [ResumeUpsert(duration_s=rng.uniform(0.05, 0.3)) for _ in range(JOBS)]
+    group_id = await client.enqueue_group(children, FanoutFinal(), user_uid="u", max_in_flight=20)
+    view = await client.get_group(group_id)
+    assert view is not None
+    final_id = view.finalizer_job_id
+
+    async def child_ids() -> list[str]:
+        return [s.job_id for s in await agent.job_store.list_for_user("u", limit=JOBS + 10) if s.job_id != final_id]
+
+    proc_group = workers(namespace, REDIS_URL)  # type: ignore[operator]
+    proc = proc_group.start()
+    kills = 0
+    for _ in range(KILLS):
+        await asyncio.sleep(rng.uniform(0.4, 0.9))
+        proc_group.kill(proc)
+        kills += 1
+        proc = proc_group.start()
+
+    async def finalized() -> bool:
+        state = await client.get_state(final_id)
+        return state is not None and state.status is JobStatus.SUCCESS
+
+    await until(finalized, 90, "the finalizer ran")
+    view = await client.get_group(group_id)
+    assert view is not None and (view.succeeded, view.failed, view.canceled) == (JOBS, 0, 0)
+    ids = await child_ids()
+    assert len(ids) == JOBS and len(set(ids)) == JOBS
+    finals = {k.decode(): json.loads(v) for k, v in (await redis.hgetall(finals_key(namespace))).items()}
+    assert list(finals) == [final_id], "one finalizer job, queued once"
+    assert finals[final_id] == {"succeeded": JOBS, "failed": 0, "canceled": 0}
+    effects = await redis.hlen(effects_key(namespace))
+    assert effects == JOBS
+    FIGURES["fanout_sigkill"] = {
+        "children": JOBS, "max_in_flight": 20, "kills": kills, "finalizers_queued": len(finals),
+        "lost_finalizers": 0, "doubled_finalizers": len(finals) - 1, "counted_succeeded": view.succeeded,
+    }

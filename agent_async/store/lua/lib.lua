@@ -30,8 +30,66 @@ local function zset_or_none(key)
   return t == 'zset' or t == 'none'
 end
 
+-- A job prepared by Python (store/groups.py) and created here: a group's child released by the
+-- sliding window, or its finalizer. spec: {id, state, fields = {field, value, ...}, user_idx,
+-- queue, job_key, engine_id, bytes, ttl_ms}.
+local function create_prepared(spec, active, now)
+  redis.call('HSET', spec.state, unpack(spec.fields))
+  redis.call('HSET', spec.state, 'updated_ms', now)
+  redis.call('ZADD', active, now, spec.id)
+  if spec.user_idx ~= '' then redis.call('ZADD', spec.user_idx, now, spec.id) end
+  engine_queue(spec.queue, spec.job_key, spec.engine_id, spec.bytes, now, spec.ttl_ms)
+end
+
+local function group_keys(group)
+  return {group, group .. ':ended', group .. ':live', group .. ':waiting', group .. ':failed'}
+end
+
+-- The finalizer, queued inside the script that ended the last child: no second round trip, no
+-- polling. If queueing it fails (a corrupted key), the group is marked so that the recovery pass
+-- queues it later (group_finalize.lua) instead of losing it.
+local function try_finalize(group, active, now, retention_s)
+  local ok = pcall(create_prepared, cjson.decode(redis.call('HGET', group, 'final')), active, now)
+  if not ok then
+    redis.call('HSET', group, 'status', 'final_pending')
+    redis.call('ZADD', redis.call('HGET', group, 'pending_index'), now, redis.call('HGET', group, 'id'))
+    return false
+  end
+  redis.call('HSET', group, 'status', 'finalized', 'finalized_ms', now)
+  redis.call('ZREM', redis.call('HGET', group, 'pending_index'), redis.call('HGET', group, 'id'))
+  for _, key in ipairs(group_keys(group)) do redis.call('EXPIRE', key, retention_s) end
+  return true
+end
+
+local function fire_finalizer(group, active, now, retention_s)
+  -- Exactly once: only the first caller to set fired_ms queues it.
+  if redis.call('HSETNX', group, 'fired_ms', now) == 0 then return end
+  try_finalize(group, active, now, retention_s)
+end
+
+-- A child of a group reached a terminal state: count it once by its id (however often it was
+-- retried or redelivered), release the next waiting child, and fire the finalizer after the last.
+local function group_child_ended(group, job_id, status, now, active, retention_s)
+  if redis.call('SADD', group .. ':ended', job_id) == 0 then return end
+  redis.call('SREM', group .. ':live', job_id)
+  local counter = 'failed'
+  if status == 'SUCCESS' then counter = 'succeeded' elseif status == 'CANCELED' then counter = 'canceled' end
+  redis.call('HINCRBY', group, counter, 1)
+  if counter == 'failed' then redis.call('RPUSH', group .. ':failed', job_id) end
+  local ended = redis.call('HINCRBY', group, 'ended', 1)
+  if not redis.call('HGET', group, 'cancel_requested_ms') then
+    local waiting = redis.call('LPOP', group .. ':waiting')
+    if waiting then
+      local spec = cjson.decode(waiting)
+      create_prepared(spec, active, now)
+      redis.call('SADD', group .. ':live', spec.id)
+    end
+  end
+  if ended >= tonumber(redis.call('HGET', group, 'total')) then fire_finalizer(group, active, now, retention_s) end
+end
+
 -- Ends a state for good: terminal fields, out of the active index and the leases, slot freed,
--- retention TTL. Every script that can end a job ends it through here.
+-- retention TTL, its group told. Every script that can end a job ends it through here.
 local function end_job(state, active, leases, job_id, status, now, retention_s, err)
   local fields = {'status', status, 'updated_ms', now, 'finished_ms', now}
   if err and err ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = err end
@@ -41,6 +99,8 @@ local function end_job(state, active, leases, job_id, status, now, retention_s, 
   local gate = redis.call('HGET', state, 'gate')
   if gate then redis.call('ZREM', gate, job_id) end
   redis.call('EXPIRE', state, retention_s)
+  local group = redis.call('HGET', state, 'group')
+  if group then group_child_ended(group, job_id, status, now, active, retention_s) end
 end
 
 local function lost_error(lost, resume)
