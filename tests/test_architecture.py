@@ -12,8 +12,12 @@ ENGINE = LIBRARY / "engine"
 
 # arq's key names and vocabulary: only the engine package may spell them.
 ARQ_WORDS = ("arq:", "in-progress", "in_progress_key_prefix", "job_key_prefix", "result_key_prefix")
-# The modules that may hold an Agent: the composition root itself, its facade, the public API.
-AGENT_HOLDERS = {"agent_async/__init__.py", "agent_async/agent.py", "agent_async/client.py", "agent_async/testing.py"}
+# The modules that may hold an Agent: the composition root, its facade, the public API, the entry
+# points (the library's CLI, the test helpers).
+AGENT_HOLDERS = {
+    "agent_async/__init__.py", "agent_async/__main__.py", "agent_async/agent.py", "agent_async/client.py",
+    "agent_async/testing.py",
+}
 
 
 def imported_modules(path: Path) -> set[str]:
