@@ -29,7 +29,9 @@ from agent_async.registry import JobRegistry, registry
 from agent_async.request import JobRequest
 from agent_async.settings import AgentSettings
 from agent_async.state import JobState
+from agent_async.store.events import EventType, JobEvent
 from agent_async.worker.child import ChildProcessLost, run_in_child
+from agent_async.worker.progress import report_progress
 
 __all__ = [
     "ACTIVE",
@@ -47,11 +49,13 @@ __all__ = [
     "DuplicateJobError",
     "EnqueueError",
     "ErrorKind",
+    "EventType",
     "GroupError",
     "GroupFinalizer",
     "GroupView",
     "Job",
     "JobDeclarationError",
+    "JobEvent",
     "JobRegistry",
     "JobRequest",
     "JobResources",
@@ -68,5 +72,6 @@ __all__ = [
     "agent_job",
     "init_jobs",
     "registry",
+    "report_progress",
     "run_in_child",
 ]

@@ -22,6 +22,7 @@ from agent_async.schedules.scheduler import Scheduler
 from agent_async.settings import AgentSettings
 from agent_async.state import JobState
 from agent_async.store import GateClaim, JobStore, KeySpace
+from agent_async.store.events import EventLog
 from agent_async.store.groups import GroupStore
 from agent_async.worker import JobContextFactory, WorkerService
 
@@ -72,6 +73,7 @@ class Agent:
             settings, redis=lambda: self.job_store.redis, large_store=self.get_large_store, groups=self.groups
         )
         self.owned_blobs = OwnedBlobs(self.job_store, large_store=self.get_large_store)
+        self.events = EventLog(self.job_store, engine_lua=STORE_LUA)
         self.worker = WorkerService(
             self.job_store,
             engine=self.engine,
@@ -83,6 +85,7 @@ class Agent:
             on_shutdown=[self._bound_hook(hook) for hook in on_worker_shutdown],
             outage=outage,
             sweeps=[self.owned_blobs.sweep, self.groups.finalize_pending],
+            events=self.events,
         )
         self._large_store = store
         self._overrides = overrides

@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent_async.agent import Agent
 from agent_async.canceller import JobCanceller
 from agent_async.errors import RequestCode, RequestRefusedError
 from agent_async.groups import GroupFinalizer, GroupView
+from agent_async.lifecycle import JobStatus
 from agent_async.request import JobRequest
 from agent_async.schedules.scheduler import Scheduler
 from agent_async.state import JobState
+from agent_async.store.events import JobEvent
 
 if TYPE_CHECKING:
     from agent_async.storage import ClientStorage
@@ -93,6 +95,43 @@ class ClientAgent:
             await self.agent.owned_blobs.release(job_id)
         return state
 
+    async def events(
+        self,
+        *,
+        job_id: str | None = None,
+        name: str | None = None,
+        user_uid: str | None = None,
+        status: JobStatus | None = None,
+        last_event_id: str | None = None,
+        idle_s: float = 15.0,
+    ) -> AsyncIterator[JobEvent | None]:
+        """The namespace's job events as they happen (transitions and progress), filtered.
+
+        With `last_event_id` (a reconnecting reader's last seen id), every event after it that is
+        still kept is replayed first. For one job (`job_id`), the stream starts at the job's
+        creation and ends after its terminal event. Yields None after `idle_s` without an event,
+        so a server can send a heartbeat. Ends at once for an unknown job.
+        """
+        after = last_event_id
+        if job_id is not None and after is None:
+            state = await self.get_state(job_id)
+            if state is None:
+                return
+            after = f"{max(0, state.created_ms - 1)}-0"
+        if after is None:
+            after = await self.agent.events.last_id()
+        while True:
+            batch = await self.agent.events.read(after, count=200, block_ms=int(idle_s * 1000))
+            if not batch:
+                yield None
+                continue
+            for event in batch:
+                after = event.event_id
+                if _matches(event, job_id=job_id, name=name, user_uid=user_uid, status=status):
+                    yield event
+                    if job_id is not None and event.is_terminal:
+                        return
+
     async def ping(self) -> None:
         """Raise QueueUnavailableError unless Redis answers (a health check)."""
         await self._jobs.ping()
@@ -104,3 +143,14 @@ class ClientAgent:
 
     def get_large_store(self) -> ClientStorage:
         return self._store if self._store is not None else self.agent.get_large_store()
+
+
+def _matches(
+    event: JobEvent, *, job_id: str | None, name: str | None, user_uid: str | None, status: JobStatus | None
+) -> bool:
+    return (
+        (job_id is None or event.job_id == job_id)
+        and (name is None or event.name == name)
+        and (user_uid is None or event.user_uid == user_uid)
+        and (status is None or event.status == status)
+    )

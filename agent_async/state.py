@@ -36,6 +36,8 @@ class JobState:
     created_ms: int = field(default_factory=now_ms)
     started_ms: int | None = None
     finished_ms: int | None = None
+    # While it runs, what report_progress() said last: fraction, message, details, updated_ms.
+    progress: dict[str, Any] | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -56,6 +58,7 @@ class JobState:
             "created_at": _iso(self.created_ms),
             "started_at": _iso(self.started_ms),
             "finished_at": _iso(self.finished_ms),
+            "progress": self.progress,
         }
 
     @classmethod
@@ -73,4 +76,5 @@ class JobState:
             created_ms=_from_iso(data.get("created_at")) or now_ms(),
             started_ms=_from_iso(data.get("started_at")),
             finished_ms=_from_iso(data.get("finished_at")),
+            progress=data.get("progress"),
         )

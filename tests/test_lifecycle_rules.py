@@ -148,6 +148,7 @@ def test_error_kinds_describe_with_their_prefix() -> None:
         "WorkerShutdown",
         "SoftTimeLimitExceeded",
         "HardTimeLimitExceeded",
+        "AccessRevoked",
     }
     assert ErrorKind.WORKER_LOST.describe("gone") == "WorkerLost: gone"
     assert ErrorKind.HARD_TIME_LIMIT.describe("") == "HardTimeLimitExceeded: "
@@ -189,13 +190,13 @@ def test_lua_constants_match_the_python_rules() -> None:
 
 def test_every_lifecycle_placeholder_in_the_store_scripts_is_provided() -> None:
     """The store's Lua names no status or error kind of its own: the placeholders it uses are
-    exactly what lua_constants() fills in (plus the store's own batch size)."""
+    exactly what lua_constants() fills in (plus the store's own batch size and event stream)."""
     used: set[str] = set()
     for entry in resources.files("agent_async.store").joinpath("lua").iterdir():
         if entry.name.endswith(".lua"):
             code = "\n".join(line.split("--", 1)[0] for line in entry.read_text().splitlines())
             used |= set(re.findall(r"@[A-Z_]+@", code))
-    assert used - {"@PRUNE_BATCH@"} == set(lua_constants())
+    assert used - {"@PRUNE_BATCH@", "@EVENTS@", "@EVENTS_KEPT@"} == set(lua_constants())
 
 
 # (resume, attempts, max_try) of a run lost by its worker; attempts >= 1 since it started.

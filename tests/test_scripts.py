@@ -219,8 +219,9 @@ def test_library_lua_needs_its_constants() -> None:
     """lib.lua's placeholders come from agent_async.lifecycle: without them it is refused."""
     with pytest.raises(ValueError, match=r"lib\.lua"):
         lua_source("agent_async.store", "lib.lua")
-    filled = lua_source("agent_async.store", "lib.lua", {**lua_constants(), "@PRUNE_BATCH@": "10"})
-    assert "@TERMINAL@" not in filled and "@PRUNE_BATCH@" not in filled
+    store_constants = {"@PRUNE_BATCH@": "10", "@EVENTS@": "ns:events", "@EVENTS_KEPT@": "1000"}
+    filled = lua_source("agent_async.store", "lib.lua", {**lua_constants(), **store_constants})
+    assert "@TERMINAL@" not in filled and "@PRUNE_BATCH@" not in filled and "'ns:events'" in filled
 
 
 def test_lua_source_of_a_missing_file_is_an_error(lua_package: tuple[Path, str]) -> None:

@@ -103,11 +103,11 @@ class JobStore:
         self.retention_s = retention_s
         self.lease_ms = lease_ms
         self._redis: Redis | None = None
-        self._enqueue = store_script("enqueue.lua", engine_lua)
-        self._start = store_script("start.lua", engine_lua, packed=True)
-        self._transition = store_script("transition.lua", engine_lua, packed=True)
-        self._cancel = store_script("cancel.lua", engine_lua)
-        self._orphan = store_script("orphan.lua", engine_lua)
+        self._enqueue = store_script("enqueue.lua", engine_lua, events_key=keys.events)
+        self._start = store_script("start.lua", engine_lua, events_key=keys.events, packed=True)
+        self._transition = store_script("transition.lua", engine_lua, events_key=keys.events, packed=True)
+        self._cancel = store_script("cancel.lua", engine_lua, events_key=keys.events)
+        self._orphan = store_script("orphan.lua", engine_lua, events_key=keys.events)
         self._release_lock = LuaScript(lua_source("agent_async.store", "release_lock.lua"))
 
     def bind(self, redis: Redis | None) -> None:

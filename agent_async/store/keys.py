@@ -67,5 +67,10 @@ class KeySpace:
         return f"{self.namespace}:owned_blobs"
 
     @property
+    def events(self) -> str:
+        """Every transition and progress update, in order (a capped stream: XADD MAXLEN ~)."""
+        return f"{self.namespace}:events"
+
+    @property
     def recovery_lock(self) -> str:
         return f"{self.namespace}:lock:recovery"

@@ -11,12 +11,14 @@ Payload and result are stored as JSON strings, so a script never decodes or re-e
 | resume, max_try | enqueue | '1'/'0' and an int: lets the scripts apply the resume rule alone |
 | gate, gate_ttl_ms | enqueue | the concurrency slot's zset key and its safety TTL |
 | cancel_requested_ms | cancel | set while a running job is asked to stop |
+| progress_fraction, _message, _details, _ms | progress | the last report_progress() of a running job |
 | owned_blobs | enqueue | JSON list of the large-store references the job owns (see JobRequest.owned_blobs) |
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from agent_async.lifecycle import JobStatus
 from agent_async.state import JobState
@@ -74,4 +76,16 @@ def state_from_hash(raw: Mapping[bytes, bytes]) -> JobState:
         created_ms=int(h["created_ms"]),
         started_ms=opt_int("started_ms"),
         finished_ms=opt_int("finished_ms"),
+        progress=_progress(h),
     )
+
+
+def _progress(h: dict[str, str]) -> dict[str, Any] | None:
+    if not h.get("progress_ms"):
+        return None
+    return {
+        "fraction": float(h["progress_fraction"]),
+        "message": h.get("progress_message") or None,
+        "details": codec.loads(h["progress_details"]) if h.get("progress_details") else {},
+        "updated_ms": int(h["progress_ms"]),
+    }

@@ -42,11 +42,19 @@ def lua_source(package: str, name: str, constants: Mapping[str, str] | None = No
 
 # Index entries older than the retention are checked this many at a time (see lib.lua's prune).
 _PRUNE_BATCH = 10
+# The event stream keeps about this many events (XADD MAXLEN ~): a late reader replays what is left.
+EVENTS_KEPT = 100_000
 
 
-def store_script(name: str, engine_lua: str, *, packed: bool = False) -> LuaScript:
-    """A store script: the engine's Lua library, then store/lua/lib.lua, then the script itself."""
-    constants = {**lua_constants(), "@PRUNE_BATCH@": str(_PRUNE_BATCH)}
+def store_script(name: str, engine_lua: str, *, events_key: str, packed: bool = False) -> LuaScript:
+    """A store script: the engine's Lua library, then store/lua/lib.lua, then the script itself.
+
+    `events_key` is the namespace's event stream, written by the same scripts as the transitions
+    (so the script text, and its SHA, is per namespace)."""
+    constants = {
+        **lua_constants(), "@PRUNE_BATCH@": str(_PRUNE_BATCH), "@EVENTS@": events_key,
+        "@EVENTS_KEPT@": str(EVENTS_KEPT),
+    }
     lib = lua_source("agent_async.store", "lib.lua", constants)
     return LuaScript(engine_lua + "\n" + lib + "\n" + lua_source("agent_async.store", name), packed=packed)
 

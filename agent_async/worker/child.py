@@ -36,6 +36,8 @@ class RunHandle:
     children: set[BaseProcess] = field(default_factory=set)
     # Set by the runner while it waits on the attempt; wakes it up.
     waker: Callable[[], None] | None = None
+    # Where report_progress() goes (agent_async.worker.progress.ProgressReporter), if anywhere.
+    progress: Any = None
 
     def request_cancel(self) -> None:
         self.cancel_requested = True

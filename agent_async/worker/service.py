@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,9 @@ from agent_async.outage import RedisOutage
 from agent_async.registry import JobRegistry
 from agent_async.settings import AgentSettings
 from agent_async.store import JobStore
+from agent_async.store.events import EventLog
 from agent_async.worker.child import RunHandle
+from agent_async.worker.progress import ProgressReporter
 from agent_async.worker.recovery import JobRecovery
 from agent_async.worker.runner import Backoff, JobContextFactory, JobRunner, StopPolicy
 from agent_async.worker.runtime import WorkerRuntime
@@ -49,8 +52,10 @@ class WorkerService:
         on_shutdown: Sequence[ProcessHook] = (),
         outage: RedisOutage | None = None,
         sweeps: Sequence[Callable[[], Awaitable[int]]] = (),
+        events: EventLog | None = None,
     ) -> None:
         self._store = store
+        self._events = events
         self._sweeps = list(sweeps)
         self._outage = outage or RedisOutage()
         self._engine = engine
@@ -102,9 +107,16 @@ class WorkerService:
         release it once its outcome is written, which may wait for Redis to come back."""
         runtime = self.runtime
         handle = runtime.track(job_id) if runtime is not None else RunHandle(job_id)
-        return await self.runner(name).run(
-            payload, job_id=job_id, user_uid=decision.user_uid, attempt=decision.attempts, handle=handle
-        )
+        if self._events is not None:
+            handle.progress = ProgressReporter(partial(self._events.record_progress, job_id))
+        try:
+            return await self.runner(name).run(
+                payload, job_id=job_id, user_uid=decision.user_uid, attempt=decision.attempts, handle=handle
+            )
+        finally:
+            if handle.progress is not None:
+                # The last progress is written while the job is still STARTED, before its outcome.
+                await handle.progress.close()
 
     def release(self, job_id: str) -> None:
         """The job's outcome is written (or left to recovery): stop renewing its lease."""

@@ -23,6 +23,7 @@ local fields = {}
 for i = 11, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', state, unpack(fields))
 redis.call('HSET', state, 'updated_ms', now)
+emit(state, job_id, 'PENDING', now)
 if gate ~= '' and limit > 0 then
   redis.call('HSET', state, 'gate', gate, 'gate_ttl_ms', tonumber(ARGV[4]) - now)
 end

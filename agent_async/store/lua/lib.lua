@@ -4,6 +4,16 @@
 local TERMINAL = ',@TERMINAL@,'
 local WORKER_LOST = '@WORKER_LOST@'
 local PRUNE_BATCH = @PRUNE_BATCH@
+local EVENTS = '@EVENTS@'
+local EVENTS_KEPT = @EVENTS_KEPT@
+
+-- One event per transition, in the same script as the transition: no event without a
+-- transition, no transition without an event. Its stream id (ms-seq) orders and resumes a reader.
+local function emit(state, job_id, status, now)
+  local h = redis.call('HMGET', state, 'name', 'user', 'attempts', 'error')
+  redis.call('XADD', EVENTS, 'MAXLEN', '~', EVENTS_KEPT, '*', 'type', 'status', 'job', job_id, 'status', status,
+             'name', h[1] or '', 'user', h[2] or '', 'attempts', h[3] or '0', 'error', h[4] or '', 'ms', now)
+end
 
 local function is_terminal(status)
   return string.find(TERMINAL, ',' .. status .. ',', 1, true) ~= nil
@@ -36,6 +46,7 @@ end
 local function create_prepared(spec, active, now)
   redis.call('HSET', spec.state, unpack(spec.fields))
   redis.call('HSET', spec.state, 'updated_ms', now)
+  emit(spec.state, spec.id, 'PENDING', now)
   redis.call('ZADD', active, now, spec.id)
   if spec.user_idx ~= '' then redis.call('ZADD', spec.user_idx, now, spec.id) end
   engine_queue(spec.queue, spec.job_key, spec.engine_id, spec.bytes, now, spec.ttl_ms)
@@ -99,6 +110,7 @@ local function end_job(state, active, leases, job_id, status, now, retention_s, 
   local gate = redis.call('HGET', state, 'gate')
   if gate then redis.call('ZREM', gate, job_id) end
   redis.call('EXPIRE', state, retention_s)
+  emit(state, job_id, status, now)
   local group = redis.call('HGET', state, 'group')
   if group then group_child_ended(group, job_id, status, now, active, retention_s) end
 end

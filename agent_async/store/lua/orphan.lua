@@ -27,6 +27,7 @@ if may_resume(h[2], h[4], h[3]) then
   redis.call('HSET', state, 'status', 'PENDING', 'updated_ms', now, 'error', WORKER_LOST .. ': ' .. lost .. '; queued again')
   redis.call('ZADD', active, now, job_id)
   redis.call('ZREM', leases, job_id)
+  emit(state, job_id, 'PENDING', now)
   engine_requeue(queue, engine_key, claim, ARGV[4], ARGV[5], ARGV[6], ARGV[7])
   return 'PENDING'
 end

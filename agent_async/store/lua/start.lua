@@ -25,6 +25,7 @@ if h[1] == 'STARTED' then
 end
 local attempts = redis.call('HINCRBY', state, 'attempts', 1)
 redis.call('HSET', state, 'status', 'STARTED', 'started_ms', now, 'updated_ms', now)
+emit(state, job_id, 'STARTED', now)
 redis.call('ZADD', active, now, job_id)
 redis.call('ZADD', leases, tonumber(ARGV[3]), job_id)
 if h[4] then

@@ -21,6 +21,7 @@ if is_terminal(new_status) then
 else
   redis.call('HSET', state, 'status', new_status, 'updated_ms', now)
   if ARGV[6] ~= '' then redis.call('HSET', state, 'error', ARGV[6]) end
+  emit(state, job_id, new_status, now)
   redis.call('ZADD', active, now, job_id)
   if new_status ~= 'STARTED' then redis.call('ZREM', leases, job_id) end
 end

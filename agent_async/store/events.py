@@ -1,0 +1,91 @@
+"""EventLog: the namespace's stream of job events (transitions and progress), read in order.
+
+The events are written by the store's scripts themselves (lib.lua's emit, progress.lua), in the
+same script as the change they describe; this module reads them and records progress.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from agent_async.lifecycle import TERMINAL, JobStatus, now_ms
+from agent_async.store import codec
+from agent_async.store.jobs import JobStore, _reachable
+from agent_async.store.scripts import run_script, store_script
+
+__all__ = ["FROM_START", "EventLog", "EventType", "JobEvent"]
+
+# The stream id to read from to get every event still kept.
+FROM_START = "0-0"
+
+
+class EventType(StrEnum):
+    STATUS = "status"
+    PROGRESS = "progress"
+
+
+@dataclass(frozen=True, slots=True)
+class JobEvent:
+    """One event; `event_id` is its stream id (a reader resumes after it: SSE's Last-Event-ID)."""
+
+    event_id: str
+    type: EventType
+    job_id: str
+    status: JobStatus
+    name: str
+    user_uid: str | None
+    attempts: int
+    at_ms: int
+    error: str | None = None
+    fraction: float | None = None
+    message: str | None = None
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.type is EventType.STATUS and self.status in TERMINAL
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.event_id, "type": self.type.value, "job_id": self.job_id, "status": self.status.value,
+            "name": self.name, "user_uid": self.user_uid, "attempts": self.attempts, "at_ms": self.at_ms,
+            "error": self.error, "fraction": self.fraction, "message": self.message,
+        }
+
+
+def _event(event_id: bytes, fields: dict[bytes, bytes]) -> JobEvent:
+    f = {k.decode(): v.decode() for k, v in fields.items()}
+    kind = EventType(f.get("type", "status"))
+    return JobEvent(
+        event_id=event_id.decode(), type=kind, job_id=f["job"], status=JobStatus(f["status"]), name=f.get("name", ""),
+        user_uid=f.get("user") or None, attempts=int(f.get("attempts") or 0), at_ms=int(f.get("ms") or 0),
+        error=f.get("error") or None,
+        fraction=float(f["fraction"]) if kind is EventType.PROGRESS else None,
+        message=(f.get("message") or None) if kind is EventType.PROGRESS else None,
+    )
+
+
+class EventLog:
+    def __init__(self, jobs: JobStore, *, engine_lua: str) -> None:
+        self._jobs = jobs
+        self._progress = store_script("progress.lua", engine_lua, events_key=jobs.keys.events)
+
+    async def read(self, after: str = FROM_START, *, count: int = 100, block_ms: int | None = None) -> list[JobEvent]:
+        """Events after the stream id `after` (oldest first), waiting up to `block_ms` for one."""
+        with _reachable("read events"):
+            reply = await self._jobs.redis.xread({self._jobs.keys.events: after}, count=count, block=block_ms)
+        return [_event(event_id, fields) for _, entries in reply for event_id, fields in entries]
+
+    async def last_id(self) -> str:
+        """The id of the newest event kept ("0-0" if none): read after it for new events only."""
+        with _reachable("read events"):
+            entries: Sequence[Any] = await self._jobs.redis.xrevrange(self._jobs.keys.events, count=1)
+        return entries[0][0].decode() if entries else FROM_START
+
+    async def record_progress(self, job_id: str, fraction: float, message: str | None, details: dict[str, Any]) -> bool:
+        """Store a running job's progress and append its event; False if it is not running."""
+        details_json = codec.dumps(details) if details else ""
+        args: list[str | int] = [job_id, repr(fraction), message or "", details_json, now_ms()]
+        return bool(await run_script(self._jobs.redis, self._progress([self._jobs.keys.state(job_id)], args)))
