@@ -14,6 +14,7 @@ from agent_async.request import JobRequest
 from agent_async.schedules.scheduler import Scheduler
 from agent_async.state import JobState
 from agent_async.store.events import JobEvent
+from agent_async.store.workers import WorkerDirectory, WorkerInfo
 
 if TYPE_CHECKING:
     from agent_async.storage import ClientStorage
@@ -131,6 +132,10 @@ class ClientAgent:
                     yield event
                     if job_id is not None and event.is_terminal:
                         return
+
+    async def workers(self) -> list[WorkerInfo]:
+        """The worker processes alive now (registered at each heartbeat, expiring after a lease)."""
+        return await WorkerDirectory(self._jobs, ttl_ms=0).alive()
 
     async def ping(self) -> None:
         """Raise QueueUnavailableError unless Redis answers (a health check)."""

@@ -67,6 +67,15 @@ class KeySpace:
         return f"{self.namespace}:owned_blobs"
 
     @property
+    def workers(self) -> str:
+        """Live worker processes: worker id -> the expiry (ms) of its last heartbeat."""
+        return f"{self.namespace}:workers"
+
+    def worker(self, worker_id: str) -> str:
+        """One worker's description (JSON), expiring with its heartbeat."""
+        return f"{self.namespace}:worker:{worker_id}"
+
+    @property
     def events(self) -> str:
         """Every transition and progress update, in order (a capped stream: XADD MAXLEN ~)."""
         return f"{self.namespace}:events"

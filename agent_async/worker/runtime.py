@@ -9,6 +9,7 @@ from pathlib import Path
 
 from agent_async.outage import OUTAGE_ERRORS, RedisOutage
 from agent_async.store import JobStore
+from agent_async.store.workers import WorkerDirectory
 from agent_async.worker.child import RunHandle
 from agent_async.worker.recovery import JobRecovery
 
@@ -41,8 +42,10 @@ class WorkerRuntime:
         outage: RedisOutage | None = None,
         heartbeat_file: Path | None = None,
         sweeps: Sequence[Callable[[], Awaitable[int]]] = (),
+        directory: WorkerDirectory | None = None,
     ) -> None:
         self._store = store
+        self._directory = directory
         # Run after each recovery pass, on the same interval (OwnedBlobs.sweep, for one).
         self._sweeps = list(sweeps)
         self._heartbeat_file = heartbeat_file
@@ -76,6 +79,11 @@ class WorkerRuntime:
         except Exception:
             logger.exception("start-up recovery failed; the periodic pass will retry")
         self._touch_heartbeat_file()
+        if self._directory is not None:
+            try:
+                await self._directory.beat(0)
+            except OUTAGE_ERRORS as exc:
+                self._outage.failed("worker registration", exc)
         # The heartbeat may have nothing to send (no job running): only the recovery pass, which
         # always takes its lock in Redis, may say that Redis is back.
         self._spawn(self._every(self._lease_s / 3, self._heartbeat, proves_redis=False))
@@ -87,6 +95,11 @@ class WorkerRuntime:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self._directory is not None:
+            try:
+                await self._directory.leave()
+            except OUTAGE_ERRORS as exc:
+                logger.warning("could not unregister this worker (%s); its entry expires by itself", exc)
 
     def _spawn(self, coro: Awaitable[None]) -> None:
         task = asyncio.ensure_future(coro)
@@ -110,6 +123,8 @@ class WorkerRuntime:
 
     async def _heartbeat(self) -> None:
         self._touch_heartbeat_file()
+        if self._directory is not None:
+            await self._directory.beat(len(self.running))
         flagged = await self._store.renew_leases(list(self.running))
         for job_id in flagged:
             self.request_cancel(job_id)

@@ -19,6 +19,7 @@ from agent_async.registry import JobRegistry
 from agent_async.settings import AgentSettings
 from agent_async.store import JobStore
 from agent_async.store.events import EventLog
+from agent_async.store.workers import WorkerDirectory
 from agent_async.worker.child import RunHandle
 from agent_async.worker.progress import ProgressReporter
 from agent_async.worker.recovery import JobRecovery
@@ -85,6 +86,7 @@ class WorkerService:
             lease_s=self._settings.lease_s, reconcile_interval_s=self._settings.reconcile_interval_s,
             outage=self._outage,
             sweeps=self._sweeps,
+            directory=WorkerDirectory(self._store, ttl_ms=int(self._settings.lease_s * 1000)),
             heartbeat_file=Path(self._settings.worker_heartbeat_file) if self._settings.worker_heartbeat_file else None,
         )
         await self.runtime.start()
