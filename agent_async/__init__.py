@@ -9,6 +9,7 @@ from agent_async.errors import (
     AccessRevoked,
     AgentError,
     ConfigurationError,
+    ConnectionCoolingDown,
     DuplicateJobError,
     EnqueueError,
     GroupError,
@@ -23,6 +24,7 @@ from agent_async.errors import (
     StorageUnavailableError,
 )
 from agent_async.groups import GroupFinalizer, GroupView
+from agent_async.guard import CircuitState, ConnectionGuard, GuardConfig, GuardRetryable, GuardState
 from agent_async.job import Job, JobResources, agent_job, init_jobs
 from agent_async.lifecycle import ACTIVE, TERMINAL, ErrorKind, JobStatus
 from agent_async.registry import JobRegistry, registry
@@ -44,8 +46,11 @@ __all__ = [
     "AgentError",
     "AgentSettings",
     "ChildProcessLost",
+    "CircuitState",
     "ClientAgent",
     "ConfigurationError",
+    "ConnectionCoolingDown",
+    "ConnectionGuard",
     "DuplicateJobError",
     "EnqueueError",
     "ErrorKind",
@@ -53,6 +58,9 @@ __all__ = [
     "GroupError",
     "GroupFinalizer",
     "GroupView",
+    "GuardConfig",
+    "GuardRetryable",
+    "GuardState",
     "Job",
     "JobDeclarationError",
     "JobEvent",

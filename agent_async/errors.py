@@ -11,6 +11,7 @@ __all__ = [
     "AccessRevoked",
     "AgentError",
     "ConfigurationError",
+    "ConnectionCoolingDown",
     "DuplicateJobError",
     "EnqueueError",
     "GroupError",
@@ -82,6 +83,26 @@ class QueueUnavailableError(AgentError, ConnectionError):
 
     Raised by enqueue (nothing was written) and by state reads.
     """
+
+
+class ConnectionCoolingDown(AgentError):
+    """A guarded outside connection refused a request at once: nothing was sent.
+
+    Its circuit is open (cooling down after failures in a row), or half-open with its one trial
+    request in flight (`trial_in_flight`). Try again after `retry_after_s` (an HTTP layer answers
+    503 with Retry-After; a job may list this class in its request's retry_for).
+    """
+
+    def __init__(self, name: str, retry_after_s: float, trial_in_flight: bool = False) -> None:
+        # Positional arguments kept in `args`, so the exception pickles (run_in_child sends errors back).
+        super().__init__(name, retry_after_s, trial_in_flight)
+        self.name = name
+        self.retry_after_s = retry_after_s
+        self.trial_in_flight = trial_in_flight
+
+    def __str__(self) -> str:
+        why = "its trial request is in flight" if self.trial_in_flight else "cooling down after repeated failures"
+        return f"connection {self.name} refused the request ({why}): nothing sent, retry in {self.retry_after_s:.3f}s"
 
 
 class SoftTimeLimitExceeded(AgentError):

@@ -83,3 +83,7 @@ class KeySpace:
     @property
     def recovery_lock(self) -> str:
         return f"{self.namespace}:lock:recovery"
+
+    def guard(self, name: str) -> str:
+        """Prefix of a guarded connection's keys (agent_async.guard names the sub-keys below it)."""
+        return f"{self.namespace}:guard:{name}"
