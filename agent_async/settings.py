@@ -57,6 +57,9 @@ class AgentSettings:
     # age is the liveness of that one worker process (`python -m agent_async healthcheck`).
     # Empty: none is written.
     worker_heartbeat_file: str = ""
+    # Append every transition and progress update to the namespace's event stream (ClientAgent.events).
+    # Off saves Redis about 3 stream writes per job; nothing else depends on the stream.
+    events_enabled: bool = True
     # Packages scanned by init_jobs(): <root>/<module>/jobs/*.py. None by default: the application names its own.
     job_packages: tuple[str, ...] = ()
     # Time zone in which schedules' crons are read.
@@ -82,6 +85,7 @@ class AgentSettings:
         "shutdown_drain_s": "AGENT_SHUTDOWN_DRAIN_SECONDS",
         "reconcile_interval_s": "AGENT_RECONCILE_INTERVAL_SECONDS",
         "worker_heartbeat_file": "AGENT_WORKER_HEARTBEAT_FILE",
+        "events_enabled": "AGENT_EVENTS_ENABLED",
         "job_packages": "AGENT_JOB_PACKAGES",
         "schedule_timezone": "AGENT_SCHEDULE_TIMEZONE",
         "schedule_allowlist": "AGENT_SCHEDULE_ALLOWLIST",
@@ -154,8 +158,18 @@ def _redact(value: str) -> str:
     return _URL_PASSWORD_RE.sub(r"\1***@", value)
 
 
+def _parse_bool(raw: str) -> bool:
+    value = raw.lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(raw)
+
+
 def _parse(var: str, raw: str, kind: type[_T]) -> Any:
     parsers: dict[type, Callable[[str], Any]] = {
+        bool: _parse_bool,
         int: int,
         float: float,
         str: str,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -119,7 +120,7 @@ async def test_filters_by_name_user_and_status(drain: Drain, client: ClientAgent
 
 
 async def test_report_progress_outside_a_job_is_an_error() -> None:
-    with pytest.raises(AgentError, match="inside Job.process"):
+    with pytest.raises(AgentError, match=r"inside Job\.process"):
         await report_progress(0.5)
     with pytest.raises(ValueError, match="from 0 to 1"):
         await report_progress(1.5)
@@ -170,3 +171,15 @@ async def _take(events: Any, n: int) -> Any:
         count += 1
         if count >= n:
             return
+
+
+async def test_events_can_be_turned_off(settings: Any, redis: Redis, job_registry: Any) -> None:
+    """AGENT_EVENTS_ENABLED=false: the same lifecycle, no stream written."""
+    async with Agent(dataclasses.replace(settings, events_enabled=False)) as quiet:
+        client = ClientAgent(quiet)
+        job_id = await client.enqueue(Steps(steps=2))
+        await client.cancel(job_id)
+        state = await client.get_state(job_id)
+        assert state is not None and state.status is JobStatus.CANCELED
+        assert not await redis.exists(quiet.keys.events)
+

@@ -70,7 +70,7 @@ def _event(event_id: bytes, fields: dict[bytes, bytes]) -> JobEvent:
 class EventLog:
     def __init__(self, jobs: JobStore, *, engine_lua: str) -> None:
         self._jobs = jobs
-        self._progress = store_script("progress.lua", engine_lua, events_key=jobs.keys.events)
+        self._progress = store_script("progress.lua", engine_lua, events_key=jobs.events_key)
 
     async def read(self, after: str = FROM_START, *, count: int = 100, block_ms: int | None = None) -> list[JobEvent]:
         """Events after the stream id `after` (oldest first), waiting up to `block_ms` for one."""

@@ -98,16 +98,20 @@ class JobStore:
     without knowing their layout.
     """
 
-    def __init__(self, *, keys: KeySpace, retention_s: int, lease_ms: int, engine_lua: str) -> None:
+    def __init__(
+        self, *, keys: KeySpace, retention_s: int, lease_ms: int, engine_lua: str, events: bool = True
+    ) -> None:
         self.keys = keys
+        # '' turns the scripts' event writes off (lib.lua's emit).
+        self.events_key = events_key = keys.events if events else ""
         self.retention_s = retention_s
         self.lease_ms = lease_ms
         self._redis: Redis | None = None
-        self._enqueue = store_script("enqueue.lua", engine_lua, events_key=keys.events)
-        self._start = store_script("start.lua", engine_lua, events_key=keys.events, packed=True)
-        self._transition = store_script("transition.lua", engine_lua, events_key=keys.events, packed=True)
-        self._cancel = store_script("cancel.lua", engine_lua, events_key=keys.events)
-        self._orphan = store_script("orphan.lua", engine_lua, events_key=keys.events)
+        self._enqueue = store_script("enqueue.lua", engine_lua, events_key=events_key)
+        self._start = store_script("start.lua", engine_lua, events_key=events_key, packed=True)
+        self._transition = store_script("transition.lua", engine_lua, events_key=events_key, packed=True)
+        self._cancel = store_script("cancel.lua", engine_lua, events_key=events_key)
+        self._orphan = store_script("orphan.lua", engine_lua, events_key=events_key)
         self._release_lock = LuaScript(lua_source("agent_async.store", "release_lock.lua"))
 
     def bind(self, redis: Redis | None) -> None:

@@ -10,6 +10,7 @@ local EVENTS_KEPT = @EVENTS_KEPT@
 -- One event per transition, in the same script as the transition: no event without a
 -- transition, no transition without an event. Its stream id (ms-seq) orders and resumes a reader.
 local function emit(state, job_id, status, now)
+  if EVENTS == '' then return end  -- events are off (AGENT_EVENTS_ENABLED=false)
   local h = redis.call('HMGET', state, 'name', 'user', 'attempts', 'error')
   redis.call('XADD', EVENTS, 'MAXLEN', '~', EVENTS_KEPT, '*', 'type', 'status', 'job', job_id, 'status', status,
              'name', h[1] or '', 'user', h[2] or '', 'attempts', h[3] or '0', 'error', h[4] or '', 'ms', now)
