@@ -21,13 +21,12 @@ import asyncio
 import json
 import logging
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from _util import clean, run_worker_subprocess
 from redis.asyncio import Redis
 
 from agent_async import Agent, AgentSettings, ClientAgent, GroupFinalizer, Job, JobRequest, agent_job
@@ -83,20 +82,8 @@ async def worker_main(namespace: str, redis_url: str) -> None:
     }))
 
 
-def drain(namespace: str, redis_url: str) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, __file__, "--worker", "--namespace", namespace, "--redis-url", redis_url],
-        capture_output=True, text=True, timeout=600, check=True,
-    )
-    figures: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return figures
 
 
-async def clean(redis: Redis, namespace: str) -> None:
-    for pattern in (f"{namespace}:*", f"arq:*:{namespace}:*"):
-        keys = [k async for k in redis.scan_iter(match=pattern, count=5000)]
-        for i in range(0, len(keys), 5000):
-            await redis.delete(*keys[i:i + 5000])
 
 
 async def group_round(n: int, redis_url: str, redis: Redis) -> dict[str, Any]:
@@ -105,7 +92,7 @@ async def group_round(n: int, redis_url: str, redis: Redis) -> dict[str, Any]:
         t0 = time.perf_counter()
         await ClientAgent(agent).enqueue_group([Noop() for _ in range(n)], Final())
         create_ms = (time.perf_counter() - t0) * 1000
-    figures = drain(namespace, redis_url)
+    figures = run_worker_subprocess(__file__, "--namespace", namespace, "--redis-url", redis_url)
     await clean(redis, namespace)
     assert figures["runs"] == n and figures["finalizers"] == 1, figures
     return {"jobs_per_s": (n - 1) / figures["elapsed_s"], "create_ms": create_ms,
@@ -118,7 +105,7 @@ async def plain_round(n: int, redis_url: str, redis: Redis) -> dict[str, Any]:
         client = ClientAgent(agent)
         for start in range(0, n, 200):
             await asyncio.gather(*(client.enqueue(Noop()) for _ in range(start, min(n, start + 200))))
-    figures = drain(namespace, redis_url)
+    figures = run_worker_subprocess(__file__, "--namespace", namespace, "--redis-url", redis_url)
     await clean(redis, namespace)
     assert figures["runs"] == n, figures
     return {"jobs_per_s": (n - 1) / figures["elapsed_s"]}

@@ -10,13 +10,12 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from _util import clean, run_worker_subprocess
 from redis.asyncio import Redis
 
 from agent_async import Agent, AgentSettings, ClientAgent, Job, JobRequest, agent_job
@@ -51,14 +50,6 @@ async def worker_main(namespace: str, redis_url: str, events: bool) -> None:
     print(json.dumps({"runs": len(_RUNS), "elapsed_s": _RUNS[-1] - _RUNS[0] if len(_RUNS) > 1 else 0.0}))
 
 
-def drain(namespace: str, redis_url: str, events: bool) -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, __file__, "--worker", "--namespace", namespace, "--redis-url", redis_url]
-        + ([] if events else ["--events-off"]),
-        capture_output=True, text=True, timeout=600, check=True,
-    )
-    figures: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
-    return figures
 
 
 async def one_round(n: int, redis_url: str, redis: Redis, events: bool) -> dict[str, float]:
@@ -67,12 +58,11 @@ async def one_round(n: int, redis_url: str, redis: Redis, events: bool) -> dict[
         client = ClientAgent(agent)
         for start in range(0, n, 200):
             await asyncio.gather(*(client.enqueue(Noop(), "bench") for _ in range(start, min(n, start + 200))))
-        figures = drain(namespace, redis_url, events)
+        figures = run_worker_subprocess(
+            __file__, "--namespace", namespace, "--redis-url", redis_url, *([] if events else ["--events-off"])
+        )
         stream_bytes = int(await redis.memory_usage(agent.keys.events, samples=0) or 0) if events else 0
-    for pattern in (f"{namespace}:*", f"arq:*:{namespace}:*"):
-        keys = [k async for k in redis.scan_iter(match=pattern, count=5000)]
-        for i in range(0, len(keys), 5000):
-            await redis.delete(*keys[i:i + 5000])
+    await clean(redis, namespace)
     return {"jobs_per_s": (figures["runs"] - 1) / figures["elapsed_s"], "stream_bytes": stream_bytes}
 
 
