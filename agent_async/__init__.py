@@ -29,6 +29,7 @@ from agent_async.job import Job, JobResources, agent_job, init_jobs
 from agent_async.lifecycle import ACTIVE, TERMINAL, ErrorKind, JobStatus
 from agent_async.registry import JobRegistry, registry
 from agent_async.request import JobRequest
+from agent_async.runs import RunRecord, RunRecords, RunStatus, RunTrigger
 from agent_async.settings import AgentSettings
 from agent_async.state import JobState
 from agent_async.store.events import EventType, JobEvent
@@ -73,6 +74,10 @@ __all__ = [
     "RequestCode",
     "RequestException",
     "RequestRefusedError",
+    "RunRecord",
+    "RunRecords",
+    "RunStatus",
+    "RunTrigger",
     "SoftTimeLimitExceeded",
     "StorageError",
     "StorageIntegrityError",

@@ -70,6 +70,10 @@ class AgentSettings:
     database_url: str = field(default="sqlite+aiosqlite:///data/agent.db", repr=False)
     storage_chunk_bytes: int = 1024 * 1024
     large_store_max_age_s: int = 7 * DAY_S
+    # A run record still `running` whose heartbeat is older than this is ended as "stale: worker
+    # lost" (agent_async.runs): far above the pause between two heartbeats of any job, since a live
+    # run marked stale can no longer record its own outcome.
+    run_stale_after_s: float = 2700.0
 
     ENV = {
         "redis_url": "AGENT_REDIS_URL",
@@ -93,6 +97,7 @@ class AgentSettings:
         "database_url": "AGENT_DATABASE_URL",
         "storage_chunk_bytes": "AGENT_STORAGE_CHUNK_BYTES",
         "large_store_max_age_s": "AGENT_LARGE_STORE_MAX_AGE_SECONDS",
+        "run_stale_after_s": "AGENT_RUN_STALE_SECONDS",
     }
 
     def __post_init__(self) -> None:
@@ -120,6 +125,7 @@ class AgentSettings:
                     "expected an SQLAlchemy URL such as postgresql+asyncpg://user@host/db")
         self._check(self.storage_chunk_bytes >= 1024, "storage_chunk_bytes", "must be >= 1024")
         self._check(self.large_store_max_age_s > 0, "large_store_max_age_s", "must be > 0")
+        self._check(self.run_stale_after_s > 0, "run_stale_after_s", "must be > 0")
 
     def _check(self, ok: bool, name: str, why: str) -> None:
         if not ok:
