@@ -3,6 +3,7 @@ scheduler for one namespace, owns their Redis connection, and holds the enqueue 
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
@@ -10,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from redis.asyncio import Redis
 
 from agent_async.engine import STORE_LUA, Engine
+from agent_async.errors import StorageError
 from agent_async.groups import Groups
 from agent_async.job import JobResources
 from agent_async.lifecycle import attempt_budget_s
@@ -17,6 +19,7 @@ from agent_async.outage import RedisOutage
 from agent_async.owned_blobs import OwnedBlobs
 from agent_async.registry import JobRegistry, registry
 from agent_async.request import JobRequest
+from agent_async.runs import RunRecords
 from agent_async.schedules.overrides import ScheduleOverrides
 from agent_async.schedules.scheduler import Scheduler
 from agent_async.settings import AgentSettings
@@ -30,6 +33,8 @@ if TYPE_CHECKING:
     from agent_async.storage import ClientStorage
 
 __all__ = ["Agent"]
+
+logger = logging.getLogger(__name__)
 
 # The concurrency slot outlives an attempt's longest run by this much before it expires on its own.
 _GATE_SAFETY_S = 60
@@ -81,7 +86,8 @@ class Agent:
             settings=settings,
             resources=self.resources,
             job_context=job_context,
-            on_startup=[self._bound_hook(hook) for hook in on_worker_startup],
+            # Runs a crashed worker left `running` are ended at once, not a whole stale period later.
+            on_startup=[self._mark_stale_runs, *(self._bound_hook(hook) for hook in on_worker_startup)],
             on_shutdown=[self._bound_hook(hook) for hook in on_worker_shutdown],
             outage=outage,
             sweeps=[self.owned_blobs.sweep, self.groups.finalize_pending],
@@ -90,6 +96,7 @@ class Agent:
         self._large_store = store
         self._overrides = overrides
         self._scheduler: Scheduler | None = None
+        self._runs: RunRecords | None = None
         self._owns_redis = False
         if redis is not None:
             self.job_store.bind(redis)
@@ -107,6 +114,8 @@ class Agent:
             await self._large_store.close()
         if self._overrides is not None:
             await self._overrides.close()
+        if self._runs is not None:
+            await self._runs.close()
         if self._owns_redis:
             await self.job_store.redis.aclose()
             self.job_store.bind(None)
@@ -134,6 +143,23 @@ class Agent:
                 overrides=self._overrides, settings=self.settings,
             )
         return self._scheduler
+
+    @property
+    def runs(self) -> RunRecords:
+        """Run records, in the SQL database of AGENT_DATABASE_URL (built on first use, opens nothing)."""
+        if self._runs is None:
+            self._runs = RunRecords.from_settings(self.settings)
+        return self._runs
+
+    async def _mark_stale_runs(self) -> None:
+        try:
+            stale = await self.runs.mark_stale()
+        except StorageError as exc:
+            # No run records in this database (not migrated, or not used): nothing to clean up.
+            logger.info("run records not checked for stale runs (%s)", exc)
+            return
+        if stale:
+            logger.warning("%d stale run record(s) ended as error (their worker was lost)", stale)
 
     def get_large_store(self) -> ClientStorage:
         """The large-blob store, scoped to the agent source; built on first use (opens nothing)."""

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from agent_async.agent import Agent
 from agent_async.canceller import JobCanceller
-from agent_async.errors import RequestCode, RequestRefusedError
+from agent_async.errors import RequestCode, RequestRefusedError, StorageError
 from agent_async.groups import GroupFinalizer, GroupView
 from agent_async.lifecycle import JobStatus
 from agent_async.request import JobRequest
@@ -20,6 +21,8 @@ if TYPE_CHECKING:
     from agent_async.storage import ClientStorage
 
 __all__ = ["ClientAgent"]
+
+logger = logging.getLogger(__name__)
 
 
 class ClientAgent:
@@ -94,7 +97,15 @@ class ClientAgent:
         state = await self._canceller.cancel(job_id, wait_s=wait_s)
         if state is not None and state.is_terminal:
             await self.agent.owned_blobs.release(job_id)
+            if state.status is JobStatus.CANCELED:
+                await self._record_cancelled_runs(job_id)
         return state
+
+    async def _record_cancelled_runs(self, job_id: str) -> None:
+        try:
+            await self.agent.runs.cancel_for_job(job_id, reason="cancelled through the canceller")
+        except StorageError as exc:
+            logger.info("job %s: run records not updated (%s)", job_id, exc)
 
     async def events(
         self,

@@ -300,6 +300,20 @@ class RunRecords:
                   "error": _message("reason", reason)}
         return await self._end(run_id, RunStatus.CANCELLED, values)
 
+    async def cancel_for_job(self, job_id: str, *, reason: str) -> int:
+        """End as CANCELLED the running runs recorded for a job (its cancel went through the
+        canceller); returns how many. Ended runs are left as they are."""
+        now_ms = self._now_ms()
+        values = {"status": RunStatus.CANCELLED.value, "finished_ms": now_ms, "heartbeat_ms": now_ms,
+                  "error": _message("reason", reason)}
+        mine = (run_table.c.namespace == self.namespace) & (run_table.c.job_id == job_id)
+        running = mine & (run_table.c.status == RunStatus.RUNNING.value)
+
+        async def work(conn: AsyncConnection) -> int:
+            return int((await conn.execute(update(run_table).where(running).values(**values))).rowcount)
+
+        return await self._write(work)
+
     async def _end(self, run_id: str, status: RunStatus, values: dict[str, Any]) -> RunRecord:
         this = self._this(self._known(run_id))
 
