@@ -29,7 +29,9 @@ async def test_a_worker_start_ends_runs_left_running_by_a_lost_worker(
     assert alive is not None and alive.status is RunStatus.RUNNING
 
 
-async def test_cancel_records_the_jobs_run_cancelled(agent: Agent, settings: AgentSettings, client: ClientAgent) -> None:
+async def test_cancel_records_the_jobs_run_cancelled(
+    agent: Agent, settings: AgentSettings, client: ClientAgent
+) -> None:
     await upgrade_async(settings.database_url)
     job_id = await client.enqueue(Echo(text="x"))
     run = await agent.runs.start("tests.sweep", triggered_by=RunTrigger.MANUAL, job_id=job_id)
