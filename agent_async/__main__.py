@@ -2,6 +2,8 @@
 
     python -m agent_async worker --jobs mysvc [--stock] [--burst]   run a worker for your jobs
     python -m agent_async healthcheck [--max-age-s N]              a worker's liveness (exit 0/1)
+    python -m agent_async jobs list|show|cancel|retry, workers, queue, schedules, events [--follow]
+                                                                    the operator's view (--json)
 
 `worker` owns SIGINT and SIGTERM: it stops taking jobs, lets running ones finish for
 AGENT_SHUTDOWN_DRAIN_SECONDS, hands the rest back (per `resume`) and exits 0, also while it waits
@@ -18,8 +20,10 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from agent_async import ops
 from agent_async.agent import Agent
-from agent_async.errors import ConfigurationError
+from agent_async.client import ClientAgent
+from agent_async.errors import ConfigurationError, QueueUnavailableError, RequestRefusedError
 from agent_async.job import init_jobs
 from agent_async.settings import AgentSettings
 
@@ -43,6 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     check = commands.add_parser("healthcheck", help="exit 0 if this container's worker is alive (its heartbeat file)")
     check.add_argument("--file", help="the heartbeat file (default: AGENT_WORKER_HEARTBEAT_FILE)")
     check.add_argument("--max-age-s", type=float, help="the oldest heartbeat that is alive (default: the lease)")
+    ops.add_commands(commands)
     return parser
 
 
@@ -83,14 +88,33 @@ def _healthcheck(args: argparse.Namespace, settings: AgentSettings) -> int:
     return 0
 
 
+async def _operate(args: argparse.Namespace, settings: AgentSettings) -> int:
+    async with Agent(settings) as agent:
+        return await ops.run(args, ClientAgent(agent))
+
+
+def _operator(args: argparse.Namespace, settings: AgentSettings) -> int:
+    packages = tuple(p for arg in args.jobs for p in arg.split(",") if p) or settings.job_packages
+    if packages:
+        init_jobs(packages)
+    try:
+        return asyncio.run(_operate(args, settings))
+    except (QueueUnavailableError, RequestRefusedError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    level = logging.INFO if args.command in ("worker", "healthcheck") else logging.WARNING
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = AgentSettings.from_env()
         if args.command == "worker":
             return _worker(args, settings)
-        return _healthcheck(args, settings)
+        if args.command == "healthcheck":
+            return _healthcheck(args, settings)
+        return _operator(args, settings)
     except ConfigurationError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return _USAGE_ERROR

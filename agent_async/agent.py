@@ -179,6 +179,7 @@ class Agent:
         job_id: str | None = None,
         schedule_name: str | None = None,
         defer_s: float = 0.0,
+        retry_of: str | None = None,
     ) -> JobState:
         """Take the gate slot, persist PENDING and queue the engine job in one Redis script."""
         state = JobState(
@@ -187,6 +188,7 @@ class Agent:
             user_uid=user_uid,
             payload=request.payload(),
             schedule_name=schedule_name,
+            retry_of=retry_of,
         )
         await self.job_store.create(
             state,

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from agent_async.agent import Agent
 from agent_async.canceller import JobCanceller
+from agent_async.engine import QueueStats
 from agent_async.errors import RequestCode, RequestRefusedError, StorageError
 from agent_async.groups import GroupFinalizer, GroupView
 from agent_async.lifecycle import JobStatus
@@ -80,6 +81,48 @@ class ClientAgent:
     async def list_for_user(self, user_uid: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
         """The user's jobs, newest first."""
         return await self._jobs.list_for_user(user_uid, offset=offset, limit=limit)
+
+    async def list_jobs(
+        self,
+        *,
+        status: JobStatus | None = None,
+        name: str | None = None,
+        user_uid: str | None = None,
+        limit: int = 50,
+        scan_limit: int = 5000,
+    ) -> list[JobState]:
+        """Jobs of every user, newest first, filtered; looks at no more than `scan_limit` jobs."""
+        found: list[JobState] = []
+        for offset in range(0, scan_limit, 500):
+            page = await self._jobs.list_all(offset=offset, limit=min(500, scan_limit - offset))
+            found += [
+                s for s in page
+                if (status is None or s.status == status) and (name is None or s.name == name)
+                and (user_uid is None or s.user_uid == user_uid)
+            ]
+            if len(found) >= limit or len(page) < 500:
+                break
+        return found[:limit]
+
+    async def retry(self, job_id: str) -> str | None:
+        """Queue a FAILURE or CANCELED job again under a new id, same request and user; the new
+        state names the old one (`retry_of`). None for an unknown id; RequestRefusedError if the job
+        has not ended in failure or cancel, or its request is not registered here."""
+        state = await self.get_state(job_id)
+        if state is None:
+            return None
+        if state.status not in (JobStatus.FAILURE, JobStatus.CANCELED):
+            message = f"job {job_id} is {state.status}: only a FAILURE or CANCELED job can be retried"
+            raise RequestRefusedError(RequestCode.JOB_PAYLOAD_INVALID, message)
+        request_class = self.agent.registry.request(state.name)
+        if request_class is None:
+            raise RequestRefusedError(RequestCode.JOB_UNKNOWN, f"no job is named {state.name!r}")
+        new = await self.agent.create_job(request_class.from_payload(state.payload), user_uid=state.user_uid,
+                                          retry_of=job_id)
+        return new.job_id
+
+    async def queue_stats(self) -> QueueStats:
+        return await self.agent.engine.queue_stats()
 
     async def count_for_user(self, user_uid: str) -> int:
         """How many jobs the user has within the retention (the length of `list_for_user`'s index)."""

@@ -134,7 +134,8 @@ class Groups:
         keys = self._jobs.keys
         return PreparedJob(
             job_id=state.job_id, state_key=keys.state(state.job_id), fields=fields,
-            user_index=keys.user_index(user_uid) if user_uid else "", queue_key=ref.queue_key,
+            user_index=keys.user_index(user_uid) if user_uid else "", all_index=keys.all_index,
+            queue_key=ref.queue_key,
             job_key=ref.job_key, engine_job_id=ref.engine_job_id, job_bytes=engine_job.job_bytes,
             ttl_ms=engine_job.ttl_ms,
         )

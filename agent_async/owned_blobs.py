@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from agent_async.errors import StorageError
-from agent_async.store import JobStore
+from agent_async.store import JobStore, codec
 
 if TYPE_CHECKING:
     from agent_async.storage import ClientStorage
@@ -36,13 +36,15 @@ class OwnedBlobs:
 
     async def sweep(self) -> int:
         """Delete the blobs of the ended jobs in one page of the index; returns how many jobs."""
-        self._cursor, owned = await self._store.owned_blobs_page(self._cursor, count=self._page_size)
-        return await self._release(owned)
+        # The index (store/keys.py owned_blobs) is written by the enqueue script; HSCAN pages it.
+        cursor, page = await self._store.redis.hscan(self._store.keys.owned_blobs, self._cursor, count=self._page_size)
+        self._cursor = int(cursor)
+        return await self._release({k.decode(): codec.loads(v) for k, v in page.items()})
 
     async def release(self, job_id: str) -> int:
         """The same for one job (after a cancel): 1 if its blobs were deleted."""
-        refs = await self._store.owned_blobs_of(job_id)
-        return await self._release({job_id: refs}) if refs else 0
+        raw = await self._store.redis.hget(self._store.keys.owned_blobs, job_id)  # type: ignore[misc]
+        return await self._release({job_id: list(codec.loads(raw))}) if raw else 0
 
     async def _release(self, owned: dict[str, list[str]]) -> int:
         if not owned:
@@ -59,5 +61,6 @@ class OwnedBlobs:
                 logger.warning("job %s: its blobs could not be deleted yet (%s); the next sweep retries", job_id, exc)
                 continue
             done.append(job_id)
-        await self._store.forget_owned_blobs(done)
+        if done:
+            await self._store.redis.hdel(self._store.keys.owned_blobs, *done)  # type: ignore[misc]
         return len(done)

@@ -38,6 +38,8 @@ class JobState:
     finished_ms: int | None = None
     # While it runs, what report_progress() said last: fraction, message, details, updated_ms.
     progress: dict[str, Any] | None = None
+    # The job this one retries (ClientAgent.retry): same request, a new id.
+    retry_of: str | None = None
 
     @property
     def is_terminal(self) -> bool:
@@ -59,6 +61,7 @@ class JobState:
             "started_at": _iso(self.started_ms),
             "finished_at": _iso(self.finished_ms),
             "progress": self.progress,
+            "retry_of": self.retry_of,
         }
 
     @classmethod
@@ -77,4 +80,5 @@ class JobState:
             started_ms=_from_iso(data.get("started_at")),
             finished_ms=_from_iso(data.get("finished_at")),
             progress=data.get("progress"),
+            retry_of=data.get("retry_of"),
         )

@@ -38,7 +38,7 @@ from agent_async.settings import AgentSettings
 from agent_async.state import JobState
 from agent_async.store import EngineJob, EngineRef, JobStore, LuaScript, lua_source, run_script
 
-__all__ = ["STORE_LUA", "Dropped", "Engine", "EngineView", "JobHandler", "ScheduleTicker"]
+__all__ = ["STORE_LUA", "Dropped", "Engine", "EngineView", "JobHandler", "QueueStats", "ScheduleTicker"]
 
 # The engine's Lua library, loaded in front of every store script (see store/jobs.py).
 STORE_LUA = lua_source("agent_async.engine", "queue.lua")
@@ -66,6 +66,15 @@ class EngineView:
     dropped: Dropped | None
     # How long ago a worker claimed it (from the in-progress key's remaining TTL), if known.
     claimed_ms_ago: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats:
+    """The engine's queue: every job in it, those due now, and the wait of the oldest due one."""
+
+    depth: int
+    due: int
+    oldest_due_age_s: float
 
 
 class Engine:
@@ -116,6 +125,18 @@ class Engine:
             claimed_ms_ago = claim_ttl_ms - ttl_ms if in_progress and claim_ttl_ms and ttl_ms > 0 else None
             views[job_id] = EngineView(bool(queued), in_progress, dropped_from_result(result), claimed_ms_ago)
         return views
+
+    async def queue_stats(self) -> QueueStats:
+        """How many engine jobs are queued (due or deferred), and how long the oldest due one waits."""
+        redis = self._store.redis
+        now = now_ms()
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.zcard(self.names.queue)
+            pipe.zcount(self.names.queue, "-inf", now)
+            pipe.zrange(self.names.queue, 0, 0, withscores=True)
+            depth, due, oldest = await pipe.execute()
+        oldest_age_s = max(0.0, (now - oldest[0][1]) / 1000) if due and oldest else 0.0
+        return QueueStats(depth=int(depth), due=int(due), oldest_due_age_s=round(oldest_age_s, 3))
 
     def claim_ttl_ms(self) -> int | None:
         """The TTL arq gives a claim (in-progress key): its longest function timeout + 10 s."""

@@ -78,6 +78,15 @@ class EventLog:
             reply = await self._jobs.redis.xread({self._jobs.keys.events: after}, count=count, block=block_ms)
         return [_event(event_id, fields) for _, entries in reply for event_id, fields in entries]
 
+    async def latest(self, count: int, *, job_id: str | None = None, scan: int = 5000) -> list[JobEvent]:
+        """The newest events (of one job, if given, among the last `scan`), oldest first."""
+        with _reachable("read events"):
+            entries = await self._jobs.redis.xrevrange(self._jobs.keys.events, count=count if job_id is None else scan)
+        events = [_event(event_id, fields) for event_id, fields in entries]
+        if job_id is not None:
+            events = [e for e in events if e.job_id == job_id]
+        return list(reversed(events[:count]))
+
     async def last_id(self) -> str:
         """The id of the newest event kept ("0-0" if none): read after it for new events only."""
         with _reachable("read events"):

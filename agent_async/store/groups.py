@@ -35,6 +35,7 @@ class PreparedJob:
     state_key: str
     fields: dict[str, str]
     user_index: str
+    all_index: str
     queue_key: str
     job_key: str
     engine_job_id: str
@@ -47,6 +48,7 @@ class PreparedJob:
         return json.dumps(
             {
                 "id": self.job_id, "state": self.state_key, "fields": flat, "user_idx": self.user_index,
+                "all_idx": self.all_index,
                 "queue": self.queue_key, "job_key": self.job_key, "engine_id": self.engine_job_id,
                 "bytes": self.job_bytes.decode(), "ttl_ms": self.ttl_ms,
             },

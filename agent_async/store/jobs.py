@@ -173,6 +173,7 @@ class JobStore:
             gate.key if gate else "",
             engine.ref.queue_key, engine.ref.job_key,
             k.owned_blobs if owned_blobs else "",
+            k.all_index,
         ]
         try:
             outcome = await run_script(self.redis, self._enqueue(keys, args))
@@ -313,19 +314,6 @@ class JobStore:
         raw = await self.redis.lrange(key, 0, limit - 1)  # type: ignore[misc]
         return [json.loads(item) for item in raw]
 
-    async def owned_blobs_page(self, cursor: int, *, count: int) -> tuple[int, dict[str, list[str]]]:
-        """One page of the jobs that own blobs (HSCAN): the next cursor (0 at the end), and refs."""
-        next_cursor, page = await self.redis.hscan(self.keys.owned_blobs, cursor, count=count)
-        return int(next_cursor), {k.decode(): codec.loads(v) for k, v in page.items()}
-
-    async def owned_blobs_of(self, job_id: str) -> list[str]:
-        raw = await self.redis.hget(self.keys.owned_blobs, job_id)  # type: ignore[misc]
-        return list(codec.loads(raw)) if raw else []
-
-    async def forget_owned_blobs(self, job_ids: Sequence[str]) -> None:
-        if job_ids:
-            await self.redis.hdel(self.keys.owned_blobs, *job_ids)  # type: ignore[misc]
-
     # -- reads -------------------------------------------------------------------------------
 
     async def get(self, job_id: str) -> JobState | None:
@@ -346,6 +334,10 @@ class JobStore:
     async def list_for_user(self, user_uid: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
         """The user's jobs, newest first."""
         return await self._list(self.keys.user_index(user_uid), offset, limit)
+
+    async def list_all(self, *, offset: int = 0, limit: int = 50) -> list[JobState]:
+        """Every user's jobs (and the system's), newest first."""
+        return await self._list(self.keys.all_index, offset, limit)
 
     async def count_for_user(self, user_uid: str) -> int:
         with _reachable("count jobs"):

@@ -34,6 +34,11 @@ class KeySpace:
         return f"{self.namespace}:schedule:skips:{schedule_name}"
 
     @property
+    def all_index(self) -> str:
+        """Every job, scored by its creation time (ms): listings across users (pruned as states expire)."""
+        return f"{self.namespace}:idx:all"
+
+    @property
     def active_index(self) -> str:
         """Non-terminal jobs, scored by the time of their last transition (ms)."""
         return f"{self.namespace}:idx:active"

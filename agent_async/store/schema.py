@@ -5,7 +5,7 @@ Payload and result are stored as JSON strings, so a script never decodes or re-e
 | field | written by | content |
 |---|---|---|
 | id, name, status, payload, attempts, created_ms | enqueue | the JobState |
-| user, schedule | enqueue | owner uid, schedule name (absent for none) |
+| user, schedule, retry_of | enqueue | owner uid, schedule name, the job this one retries (absent for none) |
 | result, error | transition, orphan | the outcome (result JSON; error text `<ErrorKind>: ...`) |
 | started_ms, finished_ms, updated_ms | start, transition, end | epoch ms |
 | resume, max_try | enqueue | '1'/'0' and an int: lets the scripts apply the resume rule alone |
@@ -51,6 +51,7 @@ def state_to_hash(
         "result": None if state.result is None else codec.dumps(state.result),
         "started_ms": None if state.started_ms is None else str(state.started_ms),
         "finished_ms": None if state.finished_ms is None else str(state.finished_ms),
+        "retry_of": state.retry_of,
         OWNED_BLOBS_FIELD: codec.dumps(owned_blobs) if owned_blobs else None,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
@@ -77,6 +78,7 @@ def state_from_hash(raw: Mapping[bytes, bytes]) -> JobState:
         started_ms=opt_int("started_ms"),
         finished_ms=opt_int("finished_ms"),
         progress=_progress(h),
+        retry_of=h.get("retry_of") or None,
     )
 
 

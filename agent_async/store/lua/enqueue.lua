@@ -1,17 +1,17 @@
 -- enqueue: persist a PENDING state, take its concurrency slot, index it and queue the engine job,
 -- all or nothing. Every check comes before the first write: a refused enqueue writes nothing.
 -- KEYS: state, active, user index|'', schedule index|'', gate|'', engine queue, engine job,
---       owned blobs hash|''  (when the state has an owned_blobs field)
+--       owned blobs hash|''  (when the state has an owned_blobs field), all-jobs index
 -- ARGV: job id, now ms, gate limit, gate slot expiry ms, engine job id, engine score ms,
 --       engine job bytes, engine job ttl ms, state key prefix, index cutoff ms,
 --       then the state's hash field/value pairs
 -- Reply: 1 queued, 0 gate full, -1 the id exists, -2 a key has the wrong type
 
-local state, active, user_idx, sched_idx, gate, queue, engine_key, owned =
-  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8]
+local state, active, user_idx, sched_idx, gate, queue, engine_key, owned, all_idx =
+  KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local job_id, now = ARGV[1], tonumber(ARGV[2])
 if redis.call('EXISTS', state) == 1 or engine_has(engine_key) then return -1 end
-for _, key in ipairs({active, user_idx, sched_idx, gate, queue}) do
+for _, key in ipairs({active, user_idx, sched_idx, gate, queue, all_idx}) do
   if not zset_or_none(key) then return -2 end
 end
 local limit = tonumber(ARGV[3])
@@ -28,6 +28,7 @@ if gate ~= '' and limit > 0 then
   redis.call('HSET', state, 'gate', gate, 'gate_ttl_ms', tonumber(ARGV[4]) - now)
 end
 redis.call('ZADD', active, now, job_id)
+redis.call('ZADD', all_idx, now, job_id)
 if user_idx ~= '' then redis.call('ZADD', user_idx, now, job_id) end
 if sched_idx ~= '' then redis.call('ZADD', sched_idx, now, job_id) end
 if gate ~= '' and limit > 0 then
@@ -37,5 +38,6 @@ end
 if owned ~= '' then redis.call('HSET', owned, job_id, redis.call('HGET', state, 'owned_blobs')) end
 engine_queue(queue, engine_key, ARGV[5], ARGV[7], ARGV[6], ARGV[8])
 prune(user_idx, ARGV[9], ARGV[10])
+prune(all_idx, ARGV[9], ARGV[10])
 prune(sched_idx, ARGV[9], ARGV[10])
 return 1

@@ -43,12 +43,13 @@ end
 
 -- A job prepared by Python (store/groups.py) and created here: a group's child released by the
 -- sliding window, or its finalizer. spec: {id, state, fields = {field, value, ...}, user_idx,
--- queue, job_key, engine_id, bytes, ttl_ms}.
+-- all_idx, queue, job_key, engine_id, bytes, ttl_ms}.
 local function create_prepared(spec, active, now)
   redis.call('HSET', spec.state, unpack(spec.fields))
   redis.call('HSET', spec.state, 'updated_ms', now)
   emit(spec.state, spec.id, 'PENDING', now)
   redis.call('ZADD', active, now, spec.id)
+  redis.call('ZADD', spec.all_idx, now, spec.id)
   if spec.user_idx ~= '' then redis.call('ZADD', spec.user_idx, now, spec.id) end
   engine_queue(spec.queue, spec.job_key, spec.engine_id, spec.bytes, now, spec.ttl_ms)
 end
