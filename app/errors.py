@@ -76,7 +76,12 @@ def register_error_handlers(app: Quart) -> None:
 
     @app.errorhandler(ApiError)
     async def api_error(error: ApiError) -> Response:
-        return error_response(error.status, error.code, error.message)
+        response = error_response(error.status, error.code, error.message)
+        if error.status == 401:
+            # RFC 9110 11.6.1: a 401 names the scheme to authenticate with; RFC 6750 3.1 the error.
+            challenge = "Bearer" if error.code == "missing_token" else 'Bearer error="invalid_token"'
+            response.headers["WWW-Authenticate"] = challenge
+        return response
 
     @app.errorhandler(RequestSchemaValidationError)
     async def schema_error(error: RequestSchemaValidationError) -> Response:
@@ -104,8 +109,15 @@ def register_error_handlers(app: Quart) -> None:
         code = _HTTP_CODES.get(status, "http_error")
         if status == 413:
             limit = app.config.get("MAX_CONTENT_LENGTH")
-            return error_response(413, code, f"the request body is larger than {limit} bytes")
-        return error_response(status, code, error.description or error.name)
+            response = error_response(413, code, f"the request body is larger than {limit} bytes")
+        else:
+            response = error_response(status, code, error.description or error.name)
+        # The exception's own headers, which the HTTP status may require: a 405's Allow (RFC 9110
+        # 15.5.6) lists the methods the URL supports. Its Content-Type is for the HTML body it did not get.
+        for name, value in error.get_headers():
+            if name.lower() != "content-type":
+                response.headers[name] = value
+        return response
 
     @app.errorhandler(Exception)
     async def unexpected(error: Exception) -> Response:

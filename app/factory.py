@@ -7,12 +7,14 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from quart import Quart, Response, g, jsonify, request
-from quart_schema import Info, QuartSchema
+from quart_schema import Info, QuartSchema, document_response
 
 from agent_async import Agent, ClientAgent, init_jobs
 from agent_async.serializer import JobStateSerializerDict
 from app.api import jobs as jobs_api
+from app.api.openapi import AppOpenAPIProvider, document_errors
 from app.api.request import MAX_REQUEST_HEAD_BYTES, ApiRequest, request_head_bytes
+from app.api.schemas import HealthOut
 from app.auth import TokenSigner
 from app.errors import ApiError, register_error_handlers
 from app.module.admin import api as admin_api
@@ -49,6 +51,8 @@ def create_app(settings: AppSettings | None = None) -> Quart:
         info=Info(title="agent-async reference API", version="0.1.0"),
         security_schemes={"bearer": {"type": "http", "scheme": "bearer"}},
         security=[{"bearer": []}],
+        # Completes the generated document: 401/431, 204s, the streamed result, the upload body.
+        openapi_provider_class=AppOpenAPIProvider,
     )
     runtime = _build_runtime(app, settings)
     app.extensions[EXTENSION_KEY] = runtime
@@ -73,11 +77,15 @@ def create_app(settings: AppSettings | None = None) -> Quart:
 
     @app.before_request
     async def authenticate() -> None:
-        if request.endpoint in PUBLIC_ENDPOINTS:
+        # No such route, or not with this method: the 404 or 405 (with its Allow) says nothing the
+        # public OpenAPI document does not, and a public route's 405 must not read as a 401.
+        if request.endpoint in PUBLIC_ENDPOINTS or request.routing_exception is not None:
             return
         g.principal = runtime.require_signer().from_header(request.headers.get("Authorization"))
 
     @app.get("/health")
+    @document_response(HealthOut)
+    @document_errors(503, descriptions={503: "`queue_unavailable`: Redis does not answer."})
     async def health() -> Response:
         """Readiness: 200 when Redis answers (compose health check), 503 otherwise."""
         await runtime.client.ping()

@@ -13,7 +13,8 @@ from agent_async import ACTIVE, JobState, JobStatus
 from agent_async.errors import StorageError
 from agent_async.storage import BlobStream
 from app.api.context import current_principal, runtime
-from app.api.schemas import ErrorOut, JobList, JobPublic, Page, ResultQuery
+from app.api.openapi import document_errors, document_plain_response
+from app.api.schemas import JobList, JobPublic, Page, ResultQuery
 from app.errors import ApiError
 
 __all__ = ["blueprint"]
@@ -23,6 +24,12 @@ logger = logging.getLogger(__name__)
 blueprint = Blueprint("jobs", __name__, url_prefix="/jobs")
 
 _MAX_JOB_ID_CHARS = 128
+
+# The errors of every /jobs/<job_id> operation (owned_state).
+_OWNED = {
+    403: "`forbidden`: the job belongs to another user.",
+    404: "`job_not_found`: no such job (or a system job, to a non-admin token).",
+}
 
 
 async def owned_state(job_id: str) -> JobState:
@@ -46,7 +53,7 @@ async def owned_state(job_id: str) -> JobState:
 @tag(["jobs"])
 @validate_querystring(Page)
 @document_response(JobList)
-@document_response(ErrorOut, 422)
+@document_errors(422, 503, descriptions={422: "`invalid_body`: `offset` or `limit` out of range or not an integer."})
 async def list_jobs(query_args: Page) -> Response:
     """The caller's jobs, newest first."""
     rt = runtime()
@@ -60,8 +67,7 @@ async def list_jobs(query_args: Page) -> Response:
 @blueprint.get("/<job_id>")
 @tag(["jobs"])
 @document_response(JobPublic)
-@document_response(ErrorOut, 403)
-@document_response(ErrorOut, 404)
+@document_errors(403, 404, 503, descriptions=_OWNED)
 async def get_job(job_id: str) -> Response:
     """The job's public view: status, payload (redacted), result (without large_result), error."""
     return jsonify(runtime().serializer.dump(await owned_state(job_id)))
@@ -70,8 +76,7 @@ async def get_job(job_id: str) -> Response:
 @blueprint.post("/<job_id>/cancel")
 @tag(["jobs"])
 @document_response(JobPublic)
-@document_response(ErrorOut, 403)
-@document_response(ErrorOut, 404)
+@document_errors(403, 404, 503, descriptions=_OWNED)
 async def cancel_job(job_id: str) -> Response:
     """Cancel the job (idempotent) and return its refreshed public view."""
     await owned_state(job_id)
@@ -84,8 +89,33 @@ async def cancel_job(job_id: str) -> Response:
 @blueprint.get("/<job_id>/result")
 @tag(["jobs"])
 @validate_querystring(ResultQuery)
-@document_response(ErrorOut, 409)
-@document_response(ErrorOut, 410)
+@document_plain_response(
+    200,
+    "The job's large result, streamed with the Content-Type it was stored with, which varies with the job: "
+    "`text/calendar; charset=utf-8` for an ICS export, `application/octet-stream` or any other type for "
+    "other jobs' results.",
+    content={
+        "text/calendar": {"schema": {"type": "string"}},
+        "*/*": {"schema": {"type": "string", "format": "binary"}},
+    },
+    headers={
+        "Content-Length": {"description": "The size of the result in bytes.", "schema": {"type": "integer"}},
+        "Content-Disposition": {
+            "description": "With `download=true` only: `attachment; filename=<the result's filename>`.",
+            "schema": {"type": "string"},
+        },
+    },
+)
+@document_errors(
+    403, 404, 409, 410, 422, 503,
+    descriptions={
+        **_OWNED,
+        409: "`job_not_finished`: the job has not ended yet; poll `GET /jobs/{job_id}` until it is SUCCESS.",
+        410: "`no_result` (the job failed or was canceled), `no_large_result` (its result is all in "
+             "`GET /jobs/{job_id}`) or `result_gone` (expired or purged).",
+        422: "`invalid_body`: `download` is not a boolean.",
+    },
+)
 async def get_result(job_id: str, query_args: ResultQuery) -> Response:
     """The large result, streamed with its native Content-Type; ?download=true makes it an attachment."""
     state = await owned_state(job_id)

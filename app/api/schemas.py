@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -21,12 +22,16 @@ __all__ = [
     "EventList",
     "EventOut",
     "EventPatch",
+    "HealthOut",
     "JobAccepted",
     "JobList",
     "JobListItem",
     "JobPublic",
     "Page",
     "ResultQuery",
+    "ScheduleList",
+    "SchedulePatch",
+    "ScheduleView",
 ]
 
 MAX_PAGE_LIMIT = 100
@@ -34,9 +39,30 @@ MAX_PAGE_OFFSET = 1_000_000
 MAX_DESCRIPTION_CHARS = DESCRIPTION_CHARS
 
 
+JobStatusName = Literal["PENDING", "STARTED", "RETRY", "SUCCESS", "FAILURE", "CANCELED"]
+
+
 class _Strict(BaseModel):
     # Unknown fields are refused: a typo should be a 422, not a silently ignored value.
     model_config = ConfigDict(extra="forbid", str_strip_whitespace=True)
+
+
+def _partial_update(*not_null: str) -> Callable[[dict[str, Any]], None]:
+    """json_schema_extra of a PATCH body: at least one field, and the `not_null` fields may be left
+    out but not sent as null. Their Python type is `X | None = None` (None is "not sent"), which
+    pydantic documents as nullable with a null default: the model refuses that null itself (422),
+    so the schema keeps only the non-null branch and no default."""
+
+    def complete(schema: dict[str, Any]) -> None:
+        schema["minProperties"] = 1
+        for name in not_null:
+            field = schema["properties"][name]
+            field.pop("default", None)
+            branches = [branch for branch in field.pop("anyOf") if branch != {"type": "null"}]
+            (branch,) = branches
+            field.update(branch)
+
+    return complete
 
 
 def _single_line(value: str) -> str:
@@ -55,9 +81,24 @@ def _multi_line(value: str) -> str:
 
 # What each stored text field may hold (see app/text.py): names and titles are one line, a
 # description may have tabs and line breaks; no field may hold NUL or another control character.
-CalendarName = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_single_line)]
-Summary = Annotated[str, Field(min_length=1, max_length=1024), AfterValidator(_single_line)]
-Description = Annotated[str, Field(max_length=MAX_DESCRIPTION_CHARS), AfterValidator(_multi_line)]
+# The same rules as JSON Schema patterns, for the OpenAPI document only (the validators above decide,
+# and name the character they refuse): ECMA-262 regexes matching every text the rule accepts.
+# Lone surrogates are refused too, which a pattern cannot say portably (tests/app/test_openapi.py
+# checks these against app/text.py).
+SINGLE_LINE_PATTERN = r"^[^\u0000-\u001f\u007f-\u009f\u2028\u2029]*$"
+MULTI_LINE_PATTERN = r"^[^\u0000-\u0008\u000b\u000c\u000e-\u001f\u007f-\u009f]*$"
+_ONE_LINE = {"pattern": SINGLE_LINE_PATTERN}
+CalendarName = Annotated[
+    str, Field(min_length=1, max_length=255, json_schema_extra=_ONE_LINE), AfterValidator(_single_line)
+]
+Summary = Annotated[
+    str, Field(min_length=1, max_length=1024, json_schema_extra=_ONE_LINE), AfterValidator(_single_line)
+]
+Description = Annotated[
+    str,
+    Field(max_length=MAX_DESCRIPTION_CHARS, json_schema_extra={"pattern": MULTI_LINE_PATTERN}),
+    AfterValidator(_multi_line),
+]
 
 
 def _utc_seconds(value: datetime) -> datetime:
@@ -126,6 +167,8 @@ class EventPatch(_Strict):
     The UID is the event's identity (imports upsert by it) and cannot be changed.
     """
 
+    model_config = ConfigDict(json_schema_extra=_partial_update("summary", "start", "end"))
+
     summary: Summary | None = None
     start: datetime | None = None
     end: datetime | None = None
@@ -168,9 +211,14 @@ class JobAccepted(BaseModel):
 
 
 class JobPublic(BaseModel):
-    """The owner's view of a job (built by JobStateSerializerDict): no id, name, user, attempts or dates."""
+    """The owner's view of a job (built by JobStateSerializerDict): no id, name, user, attempts or dates.
 
-    status: Literal["PENDING", "STARTED", "RETRY", "SUCCESS", "FAILURE", "CANCELED"]
+    `payload` is null when the API cannot show it (the job's class is not registered in the API
+    process, or its `public_payload` failed); `result` is null until the job succeeds; `error` is
+    null unless it failed.
+    """
+
+    status: JobStatusName
     payload: dict[str, Any] | None
     result: dict[str, Any] | None
     error: str | None
@@ -197,21 +245,38 @@ class ResultQuery(BaseModel):
     download: bool = False
 
 
+class HealthOut(BaseModel):
+    status: Literal["ok"]
+
+
 class ScheduleOverrideOut(BaseModel):
+    """What an operator changed; `cron` is null when only `enabled` was changed (the declared cron runs)."""
+
     enabled: bool
     cron: str | None
     updated_by: str
-    updated_at: str
+    updated_at: datetime
 
 
 class ScheduleRunOut(BaseModel):
     job_id: str
-    status: str
-    created_at: str | None
+    status: JobStatusName
+    created_at: datetime
+
+
+class ScheduleSkipOut(BaseModel):
+    """A tick that did not run: disabled, or the previous run was still going."""
+
+    fire_at: datetime
+    reason: str
 
 
 class ScheduleView(BaseModel):
-    """One schedule as an operator sees it."""
+    """One schedule as an operator sees it; `recent_skips` are the last five skipped ticks, newest first.
+
+    `effective_cron` is null when the cron in force does not parse (the schedule is then disabled);
+    `disabled_reason` is null when it is enabled; `next_run` is null when it is disabled.
+    """
 
     name: str
     default_cron: str
@@ -220,7 +285,8 @@ class ScheduleView(BaseModel):
     enabled: bool
     disabled_reason: str | None
     last_run: ScheduleRunOut | None
-    next_run: str | None
+    next_run: datetime | None
+    recent_skips: list[ScheduleSkipOut]
 
 
 class ScheduleList(BaseModel):
@@ -229,6 +295,8 @@ class ScheduleList(BaseModel):
 
 class SchedulePatch(_Strict):
     """Either field or both; "cron": null goes back to the cron declared on the request."""
+
+    model_config = ConfigDict(json_schema_extra=_partial_update("enabled"))
 
     enabled: bool | None = None
     cron: str | None = None

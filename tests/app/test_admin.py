@@ -107,6 +107,18 @@ async def test_cleanup_purges_only_old_agent_blobs(api: Api) -> None:
     assert (await response.get_json())["result"]["purged"] == runs[0].result["purged"]
 
 
+async def test_patch_answers_the_view_the_list_shows(api: Api) -> None:
+    """PATCH answers the same object as the list's item, `recent_skips` included."""
+    root = api.headers("root", admin=True)
+    await api.client.patch(f"/admin/schedules/{CLEANUP}", json={"enabled": False}, headers=root)
+    assert await api.runtime.agent.scheduler.fire(CLEANUP, datetime(2026, 11, 30, 3, 30, tzinfo=UTC)) == "disabled"
+    response = await api.client.patch(f"/admin/schedules/{CLEANUP}", json={"cron": "0 4 * * *"}, headers=root)
+    assert response.status_code == 200
+    patched = await response.get_json()
+    assert patched == (await schedules(api))[CLEANUP]
+    assert patched["recent_skips"][0]["reason"] == "disabled by root"
+
+
 async def test_disabled_and_reenabled_on_a_running_worker(api: Api) -> None:
     """The note's scenario: a schedule disabled, then re-enabled, through the API while a worker
     runs, takes effect at the next tick without a restart."""

@@ -35,6 +35,9 @@ async def test_missing_or_bad_token_is_401(api: Api, authorization: str | None, 
         response = await api.client.get(path, headers=headers)
         assert response.status_code == 401, path
         assert (await response.get_json())["error"] == code
+        # RFC 9110 11.6.1 / RFC 6750 3.1: the challenge, with the error once a token was sent.
+        challenge = "Bearer" if code == "missing_token" else 'Bearer error="invalid_token"'
+        assert response.headers["WWW-Authenticate"] == challenge, path
     created = await api.client.post("/calendars", json={"name": "x"}, headers=headers)
     assert created.status_code == 401
 
@@ -105,6 +108,21 @@ async def test_unknown_route_and_method_are_json(api: Api, user: str) -> None:
     assert missing.status_code == 404 and (await missing.get_json())["error"] == "not_found"
     wrong = await api.client.delete("/calendars", headers=api.headers(user))
     assert wrong.status_code == 405 and (await wrong.get_json())["error"] == "method_not_allowed"
+    # RFC 9110 15.5.6: a 405 lists the methods the URL has (the JSON body must not lose the header).
+    assert set(wrong.headers["Allow"].split(", ")) == {"GET", "HEAD", "OPTIONS", "POST"}
+
+
+async def test_routing_errors_come_before_authentication(api: Api) -> None:
+    """Without a token, an unknown URL is a 404 and a method the route lacks a 405, not a 401: the
+    public OpenAPI document shows the routes anyway, and the public /health's 405 is no 401."""
+    missing = await api.client.get("/nope")
+    assert missing.status_code == 404 and (await missing.get_json())["error"] == "not_found"
+    for method, path in (("TRACE", "/health"), ("PUT", "/jobs"), ("POST", "/jobs/abc")):
+        wrong = await api.client.open(path, method=method)
+        assert wrong.status_code == 405, (method, path)
+        assert (await wrong.get_json())["error"] == "method_not_allowed"
+        assert "Allow" in wrong.headers, (method, path)
+    assert (await api.client.get("/jobs")).status_code == 401
 
 
 async def test_unexpected_error_is_a_json_500_without_internals(

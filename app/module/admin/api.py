@@ -8,14 +8,20 @@ from quart import Blueprint, Response, jsonify, request
 from quart_schema import document_request, document_response, tag
 
 from agent_async.schedules.cron import cron_problem
-from agent_async.schedules.scheduler import Scheduler
+from agent_async.schedules.scheduler import Scheduler, ScheduleView
 from app.api.context import current_principal, runtime
-from app.api.schemas import ErrorOut, ScheduleList, SchedulePatch, ScheduleView
+from app.api.openapi import document_errors
+from app.api.schemas import ScheduleList, SchedulePatch
+from app.api.schemas import ScheduleView as ScheduleViewOut
 from app.errors import ApiError
 
 __all__ = ["blueprint"]
 
 blueprint = Blueprint("admin", __name__, url_prefix="/admin")
+
+# Skipped ticks shown with each schedule, newest first.
+RECENT_SKIPS = 5
+_FORBIDDEN = {403: "`forbidden`: the token is not an admin token."}
 
 
 def _scheduler() -> Scheduler:
@@ -27,23 +33,31 @@ def _scheduler() -> Scheduler:
 @blueprint.get("/schedules")
 @tag(["admin"])
 @document_response(ScheduleList)
-@document_response(ErrorOut, 403)
+@document_errors(403, 503, descriptions=_FORBIDDEN)
 async def list_schedules() -> Response:
     """Every schedule: code default, override, effective cron, enabled, last run, next run, skips."""
     scheduler = _scheduler()
-    views = []
-    for view in await scheduler.views():
-        views.append({**view.to_dict(), "recent_skips": await scheduler.skips(view.name, limit=5)})
-    return jsonify({"schedules": views})
+    return jsonify({"schedules": [await _view_json(scheduler, view) for view in await scheduler.views()]})
+
+
+async def _view_json(scheduler: Scheduler, view: ScheduleView) -> dict[str, Any]:
+    """A schedule as both endpoints answer it (app.api.schemas.ScheduleView)."""
+    return {**view.to_dict(), "recent_skips": await scheduler.skips(view.name, limit=RECENT_SKIPS)}
 
 
 @blueprint.patch("/schedules/<name>")
 @tag(["admin"])
 @document_request(SchedulePatch)
-@document_response(ScheduleView)
-@document_response(ErrorOut, 403)
-@document_response(ErrorOut, 404)
-@document_response(ErrorOut, 422)
+@document_response(ScheduleViewOut)
+@document_errors(
+    400, 403, 404, 408, 413, 422, 503,
+    descriptions={
+        **_FORBIDDEN,
+        404: "`schedule_not_found`.",
+        422: "`invalid_body` (not such a JSON object, or not sent as `application/json`) or `invalid_cron` "
+             "(the cron does not parse: the parser's reason).",
+    },
+)
 async def patch_schedule(name: str) -> Response:
     """Enable or disable a schedule, or replace its cron (null restores the declared one)."""
     scheduler = _scheduler()
@@ -57,7 +71,7 @@ async def patch_schedule(name: str) -> Response:
     view = await scheduler.view(name)
     if view is None:  # unregistered meanwhile: cannot happen within one process
         raise ApiError(404, "schedule_not_found", f"no schedule {name}")
-    return jsonify(view.to_dict())
+    return jsonify(await _view_json(scheduler, view))
 
 
 def _validated(body: Any) -> dict[str, Any]:

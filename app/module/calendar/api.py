@@ -8,13 +8,13 @@ from quart import Blueprint, Response, jsonify, request
 from quart_schema import document_response, tag, validate_querystring, validate_request
 
 from app.api.context import current_principal, runtime
+from app.api.openapi import document_errors, document_plain_response, document_request_body
 from app.api.schemas import (
     CalendarCreate,
     CalendarCreated,
     CalendarList,
     CalendarOut,
     CalendarPatch,
-    ErrorOut,
     EventCreate,
     EventList,
     EventOut,
@@ -25,11 +25,20 @@ from app.api.schemas import (
 from app.module.calendar.model import Calendar, Event
 from app.module.calendar.repository import CalendarRepository
 from app.module.calendar.service import ModuleCalendar, new_event_uid
-from app.module.calendar.uploads import read_upload
+from app.module.calendar.uploads import FILE_FIELD, RAW_TYPES, read_upload
 
 __all__ = ["blueprint"]
 
 blueprint = Blueprint("calendars", __name__, url_prefix="/calendars")
+
+# What a 404 or 422 means on these operations (the defaults are in app.api.openapi).
+_CALENDAR = {404: "`calendar_not_found`: no such calendar of the caller's (another user's is not shown)."}
+_EVENT = {404: "`calendar_not_found`, or `event_not_found`: no such event in the calendar."}
+_BODY = {422: "`invalid_body`: the body fails validation (the message names the field), or is not sent as "
+              "`application/json`."}
+_EVENT_BODY = {422: _BODY[422] + " Also when the event would end before it starts."}
+_IN_FLIGHT = "`job_concurrent_limit`: an export or import of this user is already in flight."
+_DELETED = "Deleted; no body."
 
 
 def _module() -> ModuleCalendar:
@@ -57,14 +66,16 @@ def _status(body: Response, status: int) -> Response:
 
 
 def _no_content() -> Response:
-    return Response(status=204)
+    response = Response(status=204)
+    del response.headers["Content-Type"]  # no body, so no media type (Quart would say text/html)
+    return response
 
 
 @blueprint.post("")
 @tag(["calendars"])
 @validate_request(CalendarCreate)
 @document_response(CalendarCreated, 201)
-@document_response(ErrorOut, 422)
+@document_errors(400, 408, 413, 422, 503, descriptions=_BODY)
 async def create_calendar(data: CalendarCreate) -> Response:
     """Create a calendar owned by the caller."""
     calendar = await _module().create(current_principal().uid, data.name)
@@ -74,6 +85,7 @@ async def create_calendar(data: CalendarCreate) -> Response:
 @blueprint.get("")
 @tag(["calendars"])
 @document_response(CalendarList)
+@document_errors(503)
 async def list_calendars() -> Response:
     """The caller's calendars (never another user's)."""
     calendars = await _module().calendars(current_principal().uid)
@@ -84,9 +96,7 @@ async def list_calendars() -> Response:
 @tag(["calendars"])
 @validate_request(CalendarPatch)
 @document_response(CalendarOut)
-@document_response(ErrorOut, 400)
-@document_response(ErrorOut, 404)
-@document_response(ErrorOut, 422)
+@document_errors(400, 404, 408, 413, 422, 503, descriptions={**_CALENDAR, **_BODY})
 async def rename_calendar(key: str, data: CalendarPatch) -> Response:
     """Rename the caller's calendar; answers the calendar."""
     calendar = await _module().rename(key, current_principal().uid, data.name)
@@ -95,7 +105,8 @@ async def rename_calendar(key: str, data: CalendarPatch) -> Response:
 
 @blueprint.delete("/<key>")
 @tag(["calendars"])
-@document_response(ErrorOut, 404)
+@document_plain_response(204, _DELETED)
+@document_errors(404, 503, descriptions=_CALENDAR)
 async def delete_calendar(key: str) -> Response:
     """Delete the caller's calendar and all its events; 204 without a body."""
     await _module().delete(key, current_principal().uid)
@@ -106,8 +117,7 @@ async def delete_calendar(key: str) -> Response:
 @tag(["calendars"])
 @validate_request(EventCreate)
 @document_response(EventOut, 201)
-@document_response(ErrorOut, 404)
-@document_response(ErrorOut, 422)
+@document_errors(400, 404, 408, 413, 422, 503, descriptions={**_CALENDAR, **_EVENT_BODY})
 async def add_event(key: str, data: EventCreate) -> Response:
     """Add an event (ISO 8601 times; naive ones are UTC)."""
     event = Event(
@@ -124,9 +134,7 @@ async def add_event(key: str, data: EventCreate) -> Response:
 @tag(["calendars"])
 @validate_request(EventPatch)
 @document_response(EventOut)
-@document_response(ErrorOut, 400)
-@document_response(ErrorOut, 404)
-@document_response(ErrorOut, 422)
+@document_errors(400, 404, 408, 413, 422, 503, descriptions={**_EVENT, **_EVENT_BODY})
 async def update_event(key: str, uid: str, data: EventPatch) -> Response:
     """Change any of an event's summary, start, end and description; answers the event."""
     changes = {name: getattr(data, name) for name in data.model_fields_set}
@@ -136,7 +144,8 @@ async def update_event(key: str, uid: str, data: EventPatch) -> Response:
 
 @blueprint.delete("/<string:key>/events/<path:uid>")
 @tag(["calendars"])
-@document_response(ErrorOut, 404)
+@document_plain_response(204, _DELETED)
+@document_errors(404, 503, descriptions=_EVENT)
 async def delete_event(key: str, uid: str) -> Response:
     """Delete one event of the caller's calendar; 204 without a body."""
     await _module().delete_event(key, current_principal().uid, uid)
@@ -147,7 +156,10 @@ async def delete_event(key: str, uid: str) -> Response:
 @tag(["calendars"])
 @validate_querystring(Page)
 @document_response(EventList)
-@document_response(ErrorOut, 404)
+@document_errors(
+    404, 422, 503,
+    descriptions={**_CALENDAR, 422: "`invalid_body`: `offset` or `limit` out of range or not an integer."},
+)
 async def list_events(key: str, query_args: Page) -> Response:
     """The calendar's events, by start time."""
     events, total = await _module().events(
@@ -162,8 +174,7 @@ async def list_events(key: str, query_args: Page) -> Response:
 @blueprint.post("/<key>/export")
 @tag(["calendars"])
 @document_response(JobAccepted, 202)
-@document_response(ErrorOut, 404)
-@document_response(ErrorOut, 409)
+@document_errors(404, 409, 503, descriptions={**_CALENDAR, 409: _IN_FLIGHT})
 async def export_calendar(key: str) -> Response:
     """Start the ICS export job; fetch the file from GET /jobs/<job_id>/result once it is SUCCESS."""
     job_id = await _module().export(key, current_principal().uid)
@@ -172,9 +183,33 @@ async def export_calendar(key: str) -> Response:
 
 @blueprint.post("/<key>/import")
 @tag(["calendars"])
+@document_request_body(
+    "The ICS file (RFC 5545), either as the whole body or as the `file` part of a multipart form. The charset "
+    "is the `charset` parameter of the body's (or the part's) Content-Type, UTF-8 by default.",
+    content={
+        # Text in the declared charset (application/octet-stream too: it is decoded the same way).
+        **{media_type: {"schema": {"type": "string", "minLength": 1}} for media_type in sorted(RAW_TYPES)},
+        "multipart/form-data": {
+            "schema": {
+                "type": "object",
+                "required": [FILE_FIELD],
+                "properties": {FILE_FIELD: {"type": "string", "format": "binary"}},
+            },
+        },
+    },
+)
 @document_response(JobAccepted, 202)
-@document_response(ErrorOut, 404)
-@document_response(ErrorOut, 413)
+@document_errors(
+    404, 408, 409, 413, 415, 422, 503,
+    descriptions={
+        **_CALENDAR,
+        409: _IN_FLIGHT,
+        415: "`unsupported_media_type`: the body is neither " + ", ".join(f"`{t}`" for t in sorted(RAW_TYPES))
+             + " nor `multipart/form-data`.",
+        422: f"`invalid_body`: the file is empty, not decodable in its charset, holds a NUL, or the multipart "
+             f"body has no `{FILE_FIELD}` part.",
+    },
+)
 async def import_calendar(key: str) -> Response:
     """Start an ICS import: body `text/calendar`, or multipart/form-data with a `file` part."""
     text = await read_upload(request)

@@ -8,23 +8,23 @@ from quart import Request
 
 from app.errors import ApiError
 
-__all__ = ["read_upload"]
+__all__ = ["FILE_FIELD", "RAW_TYPES", "read_upload"]
 
 # Raw bodies accepted as an ICS upload; anything else must come as multipart/form-data.
-_RAW_TYPES = frozenset({"text/calendar", "text/plain", "application/octet-stream"})
-_FILE_FIELD = "file"
+RAW_TYPES = frozenset({"text/calendar", "text/plain", "application/octet-stream"})
+FILE_FIELD = "file"
 
 
 async def read_upload(request: Request) -> str:
     """The uploaded text; 415 for another media type, 422 when empty or not decodable."""
     if request.mimetype == "multipart/form-data":
         files = await request.files
-        upload = files.get(_FILE_FIELD)
+        upload = files.get(FILE_FIELD)
         if upload is None:
-            raise ApiError(422, "invalid_body", f"multipart upload without a '{_FILE_FIELD}' part")
+            raise ApiError(422, "invalid_body", f"multipart upload without a '{FILE_FIELD}' part")
         data = upload.read()
         charset = upload.mimetype_params.get("charset")
-    elif request.mimetype in _RAW_TYPES:
+    elif request.mimetype in RAW_TYPES:
         data = await request.get_data(as_text=False)
         charset = request.mimetype_params.get("charset")
     else:
