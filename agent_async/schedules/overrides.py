@@ -102,6 +102,13 @@ class ScheduleOverrides:
         this = (table.c.namespace == self.namespace) & (table.c.schedule_name == schedule_name)
         with translate_errors(self._url):
             async with self._db().begin() as conn:
+                # The write comes first: on SQLite (WAL) a transaction that read first and writes
+                # after another connection committed fails at once ("database is locked") instead
+                # of waiting its turn; one that starts by writing waits for the lock.
+                await conn.execute(insert(schedule_change_table).values(
+                    namespace=self.namespace, schedule_name=schedule_name, changed_at_ms=now_ms, changed_by=by,
+                    change=json.dumps(change),
+                ))
                 current = (await conn.execute(select(table).where(this))).mappings().first()
                 values = {"updated_at_ms": now_ms, "updated_by": by, **change}
                 if current is None:
@@ -110,10 +117,6 @@ class ScheduleOverrides:
                     await conn.execute(insert(table).values(**values))
                 else:
                     await conn.execute(update(table).where(this).values(**values))
-                await conn.execute(insert(schedule_change_table).values(
-                    namespace=self.namespace, schedule_name=schedule_name, changed_at_ms=now_ms, changed_by=by,
-                    change=json.dumps(change),
-                ))
                 row = (await conn.execute(select(table).where(this))).mappings().one()
         self._cache = None
         return _override(row)
