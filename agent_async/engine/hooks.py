@@ -46,7 +46,7 @@ _START_FAILED_RETRY_S = 1.0
 # unreachable: past it (a very long outage) the job is left to recovery.
 OUTCOME_RETRY_FOR_S = 300.0
 _OUTCOME_PAUSE_MIN_S = 0.05
-_OUTCOME_PAUSE_MAX_S = 2.0
+_OUTCOME_PAUSE_MAX_S = 1.0
 
 # ctx keys shared by our hooks and the job function within one arq run.
 _CTX_DECISION = "agent_async.decision"

@@ -27,9 +27,10 @@ __all__ = ["FastWorker", "StoppableWorker", "run_stopping_on_signal", "run_survi
 
 logger = logging.getLogger(__name__)
 
-# Backoff of the worker loop's restarts after Redis errors.
+# Backoff of the worker loop's restarts after Redis errors: short, since a retry while Redis is down
+# costs one failed connect, and a long pause would outlast a short outage by seconds.
 _REDIS_RETRY_MIN_S = 0.5
-_REDIS_RETRY_MAX_S = 10.0
+_REDIS_RETRY_MAX_S = 2.0
 
 _CLAIM = LuaScript(lua_source("agent_async.engine", "claim.lua"))
 
