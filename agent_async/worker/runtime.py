@@ -76,6 +76,8 @@ class WorkerRuntime:
             settled = await self.recovery.reconcile_orphans()
             if settled:
                 logger.warning("start-up recovery settled %d orphaned job(s)", settled)
+        except OUTAGE_ERRORS as exc:
+            self._outage.failed("start-up recovery", exc)
         except Exception:
             logger.exception("start-up recovery failed; the periodic pass will retry")
         self._touch_heartbeat_file()
