@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, Generic, TypedDict, TypeVar
 
 from agent_async.registry import JobRegistry
@@ -12,7 +13,15 @@ from agent_async.state import JobState
 if TYPE_CHECKING:
     from agent_async.job import Job, JobResources
 
-__all__ = ["LARGE_RESULT_KEY", "JobStateSerializerDict", "PublicJobState", "Serializer", "public_result"]
+__all__ = [
+    "LARGE_RESULT_KEY",
+    "JobStateSerializerDict",
+    "PublicJobState",
+    "PublicProgress",
+    "Serializer",
+    "public_progress",
+    "public_result",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -31,13 +40,23 @@ class Serializer(ABC, Generic[_ModelT, _OutT]):
         """The external form of `model`."""
 
 
+class PublicProgress(TypedDict):
+    """What the job last said of its progress (report_progress); `updated_at` is ISO 8601 (UTC)."""
+
+    fraction: float
+    message: str | None
+    details: dict[str, Any]
+    updated_at: str
+
+
 class PublicJobState(TypedDict):
-    """What a job's owner sees: never its id, name, user, attempts or dates."""
+    """What a job's owner sees: never its id, name, user, attempts or dates (progress has its own time)."""
 
     status: str
     payload: dict[str, Any] | None
     result: dict[str, Any] | None
     error: str | None
+    progress: PublicProgress | None
 
 
 class JobStateSerializerDict(Serializer[JobState, PublicJobState]):
@@ -60,6 +79,7 @@ class JobStateSerializerDict(Serializer[JobState, PublicJobState]):
             "payload": self._public_payload(model),
             "result": public_result(model.result),
             "error": model.error,
+            "progress": public_progress(model.progress),
         }
 
     def _job(self, name: str) -> Job[Any] | None:
@@ -86,3 +106,27 @@ def public_result(result: dict[str, Any] | None) -> dict[str, Any] | None:
     if result is None:
         return None
     return {key: value for key, value in result.items() if key != LARGE_RESULT_KEY}
+
+
+def public_progress(progress: dict[str, Any] | None) -> PublicProgress | None:
+    """The job's last progress report, or None if it has not reported any (or the record is unreadable).
+
+    `details` are shown as the result is: both are written by the job's own code for its owner (the
+    payload, which the client wrote and which may hold secrets, is what goes through public_payload).
+    """
+    if not isinstance(progress, dict):
+        return None
+    try:
+        fraction = float(progress["fraction"])
+        updated_at = datetime.fromtimestamp(int(progress["updated_ms"]) / 1000, UTC).isoformat()
+    except (KeyError, TypeError, ValueError, OverflowError, OSError):
+        logger.warning("unreadable progress record withheld: %r", sorted(progress))
+        return None
+    message = progress.get("message")
+    details = progress.get("details")
+    return {
+        "fraction": fraction,
+        "message": message if isinstance(message, str) and message else None,
+        "details": dict(details) if isinstance(details, dict) else {},
+        "updated_at": updated_at,
+    }

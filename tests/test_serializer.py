@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from agent_async import Agent, AgentSettings, Job, JobRequest, JobState, JobStatus, agent_job
 from agent_async.registry import JobRegistry
-from agent_async.serializer import JobStateSerializerDict, Serializer, public_result
+from agent_async.serializer import JobStateSerializerDict, Serializer, public_progress, public_result
 
 
 def declare_jobs() -> None:
@@ -70,9 +70,25 @@ def serializer(job_registry: JobRegistry) -> JobStateSerializerDict:
 
 
 def test_only_owner_facing_fields(job_registry: JobRegistry) -> None:
-    """The view has exactly status, payload, result and error: no id, name, user, attempts, schedule or dates."""
+    """The view has exactly status, payload, result, error and progress: no id, name, user, attempts, schedule
+    or dates."""
     view = serializer(job_registry).dump(state("tests.serializer.plain", {"text": "hi"}, {"n": 1}))
-    assert view == {"status": "SUCCESS", "payload": {"text": "hi"}, "result": {"n": 1}, "error": None}
+    assert view == {"status": "SUCCESS", "payload": {"text": "hi"}, "result": {"n": 1}, "error": None, "progress": None}
+
+
+def test_progress_is_shown_with_an_iso_time(job_registry: JobRegistry) -> None:
+    """The last report_progress(): fraction, message, the job's own details (like its result), ISO time."""
+    job_state = state("tests.serializer.plain", {})
+    job_state.progress = {"fraction": 0.4, "message": "page 4", "details": {"pages": 4}, "updated_ms": 1700000000250}
+    view = serializer(job_registry).dump(job_state)
+    assert view["progress"] == {
+        "fraction": 0.4, "message": "page 4", "details": {"pages": 4}, "updated_at": "2023-11-14T22:13:20.250000+00:00",
+    }
+    assert public_progress({"fraction": 1, "message": None, "details": {}, "updated_ms": 0}) == {
+        "fraction": 1.0, "message": None, "details": {}, "updated_at": "1970-01-01T00:00:00+00:00",
+    }
+    assert public_progress(None) is None
+    assert public_progress({"fraction": "x", "updated_ms": 1}) is None  # unreadable: withheld, never a 500
 
 
 def test_payload_goes_through_public_payload_on_a_copy(job_registry: JobRegistry) -> None:

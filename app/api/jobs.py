@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from quart import Blueprint, Response, jsonify
-from quart_schema import document_response, tag, validate_querystring
+from quart_schema import document_response, tag, validate_headers, validate_querystring
 
 from agent_async import ACTIVE, JobState, JobStatus
 from agent_async.errors import StorageError
@@ -15,6 +15,7 @@ from agent_async.storage import BlobStream
 from app.api.context import current_principal, runtime
 from app.api.openapi import document_errors, document_plain_response
 from app.api.schemas import JobList, JobPublic, Page, ResultQuery
+from app.api.sse import SSE_CONTENT, SSE_HEADERS, SseHeaders, heartbeat_seconds, job_stream, sse_response
 from app.errors import ApiError
 
 __all__ = ["blueprint"]
@@ -84,6 +85,37 @@ async def cancel_job(job_id: str) -> Response:
     if state is None:
         raise ApiError(404, "job_not_found", f"no job {job_id}")
     return jsonify(runtime().serializer.dump(state))
+
+
+@blueprint.get("/<job_id>/events")
+@tag(["jobs"])
+@validate_headers(SseHeaders)
+@document_plain_response(
+    200,
+    "The job's events as Server-Sent Events, from its creation (or after `Last-Event-ID`) to its terminal "
+    "event, after which the stream ends. Each `data` is a JobEventOut; `: keep-alive` comments while idle.",
+    content=SSE_CONTENT,
+    headers=SSE_HEADERS,
+)
+@document_plain_response(
+    204,
+    "The job has ended and the client has seen every event (its `Last-Event-ID` is at or past the end): "
+    "nothing to stream, and an EventSource stops reconnecting.",
+)
+@document_errors(
+    403, 404, 422, 503,
+    descriptions={**_OWNED, 422: "`invalid_body`: `Last-Event-ID` is not an event id (`<ms>-<seq>`)."},
+)
+async def job_events(job_id: str, headers: SseHeaders) -> Response:
+    """Follow the job: its transitions and progress reports, streamed as they happen (text/event-stream)."""
+    state = await owned_state(job_id)
+    body = await job_stream(
+        runtime().client, job_id, finished=state.is_terminal, last_event_id=headers.last_event_id,
+        heartbeat_s=heartbeat_seconds(),
+    )
+    if body is None:
+        return Response(status=204)
+    return sse_response(body)
 
 
 @blueprint.get("/<job_id>/result")

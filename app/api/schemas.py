@@ -22,16 +22,22 @@ __all__ = [
     "EventList",
     "EventOut",
     "EventPatch",
+    "EventsQuery",
     "HealthOut",
     "JobAccepted",
+    "JobEventOut",
     "JobList",
     "JobListItem",
     "JobPublic",
     "Page",
+    "ProgressOut",
     "ResultQuery",
     "ScheduleList",
     "SchedulePatch",
     "ScheduleView",
+    "WorkerList",
+    "WorkerOut",
+    "optional_parameters",
 ]
 
 MAX_PAGE_LIMIT = 100
@@ -210,18 +216,82 @@ class JobAccepted(BaseModel):
     job_id: str
 
 
+class ProgressOut(BaseModel):
+    """The job's last progress report (`report_progress` in its code): `fraction` 0..1, `message`
+    (null if none), `details` (what the job code added, shown like its result), when (ISO 8601)."""
+
+    fraction: float
+    message: str | None
+    details: dict[str, Any]
+    updated_at: datetime
+
+
 class JobPublic(BaseModel):
     """The owner's view of a job (built by JobStateSerializerDict): no id, name, user, attempts or dates.
 
     `payload` is null when the API cannot show it (the job's class is not registered in the API
     process, or its `public_payload` failed); `result` is null until the job succeeds; `error` is
-    null unless it failed.
+    null unless it failed; `progress` is null until the job reports progress.
     """
 
     status: JobStatusName
     payload: dict[str, Any] | None
     result: dict[str, Any] | None
     error: str | None
+    progress: ProgressOut | None
+
+
+class JobEventOut(BaseModel):
+    """The `data` of one Server-Sent Event: a transition (`type` "status") or a progress report
+    (`type` "progress", with `fraction` and `message`). `id` is the SSE id (send it back as
+    `Last-Event-ID`); `at_ms` is when it happened, in milliseconds since the epoch."""
+
+    id: str
+    type: Literal["status", "progress"]
+    job_id: str
+    status: JobStatusName
+    name: str
+    user_uid: str | None
+    attempts: int
+    at_ms: int
+    error: str | None
+    fraction: float | None
+    message: str | None
+
+
+def optional_parameters(schema: dict[str, Any]) -> None:
+    """json_schema_extra of a query string or headers model whose fields are `X | None = None`: None is
+    "not sent" (a query parameter or a header cannot be null), so the document keeps only the X branch."""
+    for field in schema["properties"].values():
+        if "anyOf" in field:
+            (branch,) = [b for b in field.pop("anyOf") if b != {"type": "null"}]
+            field.update(branch)
+        field.pop("default", None)
+
+
+class EventsQuery(_Strict):
+    """Filters of `GET /admin/events`: the job's name, its user, its status (each optional)."""
+
+    model_config = ConfigDict(json_schema_extra=optional_parameters)
+
+    job: str | None = Field(default=None, min_length=1, max_length=255)
+    user: str | None = Field(default=None, min_length=1, max_length=255)
+    status: JobStatusName | None = None
+
+
+class WorkerOut(BaseModel):
+    """A live worker process: registered at each heartbeat, gone a lease after its last one."""
+
+    worker_id: str
+    host: str
+    pid: int
+    started_at: datetime
+    jobs_running: int
+    heartbeat_at: datetime
+
+
+class WorkerList(BaseModel):
+    workers: list[WorkerOut]
 
 
 class JobListItem(BaseModel):

@@ -198,6 +198,10 @@ def served_app(world: World, sqlite_url: str, fuzz_namespace: str) -> Iterator[Q
         schemathesis_asgi.shutdown_lifespans()
 
 
+# The jobs of World.jobs that have ended (their event streams end too).
+FINISHED_JOBS = {"large result", "inline result", "canceled"}
+
+
 def _path_choices(world: World, case: schemathesis.Case) -> list[Callable[[], dict[str, Any]]]:
     """Ways to fill the case's path parameters: naming something that exists, or as generated."""
     generated = dict(case.path_parameters or {})
@@ -205,7 +209,11 @@ def _path_choices(world: World, case: schemathesis.Case) -> list[Callable[[], di
     delete = case.operation.method.upper() == "DELETE"
     choices: list[Callable[[], dict[str, Any]]] = []
     if names == {"job_id"}:
-        choices += [lambda job_id=job_id: {"job_id": job_id} for job_id in world.jobs.values()]
+        jobs = world.jobs
+        if case.operation.path == "/jobs/{job_id}/events":
+            # The stream of a job lasts until it ends, and no worker runs here: only finished jobs' streams end.
+            jobs = {name: job_id for name, job_id in jobs.items() if name in FINISHED_JOBS}
+        choices += [lambda job_id=job_id: {"job_id": job_id} for job_id in jobs.values()]
     elif names == {"name"}:
         choices.append(lambda: {"name": JobRequestCleanupLargeStore.name})
     elif names == {"key"}:
@@ -229,7 +237,10 @@ def _undeclared_method(case: schemathesis.Case) -> bool:
     return case.method.upper() != case.operation.method.upper()
 
 
-@schema.parametrize()
+# GET /admin/events follows every job's events and never ends by itself: with the admin token the
+# in-process ASGI client would wait for its end forever. Its refusals (401 without a token, 403 for a
+# non-admin, 422) are fuzzed by the token-less run and tested in tests/app/test_events_api.py.
+@schema.exclude(path="/admin/events").parametrize()
 @FUZZ_SETTINGS
 def test_every_answer_conforms_to_the_document(case: schemathesis.Case, world: World, served_app: Quart) -> None:
     """With a token (the user's, an admin's, a stranger's), real and generated ids: no 5xx, all documented."""

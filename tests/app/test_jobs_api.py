@@ -19,7 +19,7 @@ async def test_public_view_has_only_owner_facing_fields(api: Api, user: str) -> 
     await api.drain()
     response = await api.client.get(f"/jobs/{job_id}", headers=api.headers(user))
     body = await response.get_json()
-    assert set(body) == {"status", "payload", "result", "error"}
+    assert set(body) == {"status", "payload", "result", "error", "progress"}
     assert not INTERNAL_FIELDS & set(body)
     raw = (await response.get_data()).decode()
     assert job_id not in raw and user not in raw and "calendar.import.ics" not in raw
@@ -66,7 +66,7 @@ async def test_list_is_newest_first_and_paginated(api: Api, user: str, other_use
     page = await (await api.client.get("/jobs?offset=0&limit=2", headers=api.headers(user))).get_json()
     assert [item["job_id"] for item in page["jobs"]] == [ids[2], ids[1]]
     assert page["total"] == 3 and page["offset"] == 0 and page["limit"] == 2
-    assert set(page["jobs"][0]["job"]) == {"status", "payload", "result", "error"}
+    assert set(page["jobs"][0]["job"]) == {"status", "payload", "result", "error", "progress"}
     rest = await (await api.client.get("/jobs?offset=2&limit=2", headers=api.headers(user))).get_json()
     assert [item["job_id"] for item in rest["jobs"]] == [ids[0]]
 
@@ -87,7 +87,7 @@ async def test_cancel_of_a_queued_job(api: Api, user: str) -> None:
     response = await api.client.post(f"/jobs/{job_id}/cancel", headers=api.headers(user))
     assert response.status_code == 200
     body = await response.get_json()
-    assert body["status"] == "CANCELED" and set(body) == {"status", "payload", "result", "error"}
+    assert body["status"] == "CANCELED" and set(body) == {"status", "payload", "result", "error", "progress"}
     await api.drain()
     state = await api.state(job_id)
     assert state.status is JobStatus.CANCELED and state.attempts == 0 and state.started_ms is None

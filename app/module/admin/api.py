@@ -1,18 +1,23 @@
-"""The /admin/schedules blueprint: see every schedule, disable it or replace its cron at runtime."""
+"""The /admin blueprint: every schedule (disable it or replace its cron at runtime), every job's
+events as they happen, the live workers."""
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from quart import Blueprint, Response, jsonify, request
-from quart_schema import document_request, document_response, tag
+from quart_schema import document_request, document_response, tag, validate_headers, validate_querystring
 
+from agent_async import JobStatus
 from agent_async.schedules.cron import cron_problem
 from agent_async.schedules.scheduler import Scheduler, ScheduleView
+from agent_async.store.workers import WorkerInfo
 from app.api.context import current_principal, runtime
-from app.api.openapi import document_errors
-from app.api.schemas import ScheduleList, SchedulePatch
+from app.api.openapi import document_errors, document_plain_response
+from app.api.schemas import EventsQuery, ScheduleList, SchedulePatch, WorkerList
 from app.api.schemas import ScheduleView as ScheduleViewOut
+from app.api.sse import SSE_CONTENT, SSE_HEADERS, SseHeaders, admin_stream, heartbeat_seconds, sse_response
 from app.errors import ApiError
 
 __all__ = ["blueprint"]
@@ -24,10 +29,76 @@ RECENT_SKIPS = 5
 _FORBIDDEN = {403: "`forbidden`: the token is not an admin token."}
 
 
-def _scheduler() -> Scheduler:
+def _require_admin() -> None:
     if not current_principal().admin:
         raise ApiError(403, "forbidden", "an admin token is required")
+
+
+def _scheduler() -> Scheduler:
+    _require_admin()
     return runtime().client.schedules
+
+
+@blueprint.get("/events")
+@tag(["admin"])
+@validate_querystring(EventsQuery)
+@validate_headers(SseHeaders)
+@document_plain_response(
+    200,
+    "Every job's events from now on (or after `Last-Event-ID`), filtered by `job` (name), `user` and "
+    "`status`, as Server-Sent Events; each `data` is a JobEventOut, `: keep-alive` comments while idle. "
+    "The stream does not end by itself.",
+    content=SSE_CONTENT,
+    headers=SSE_HEADERS,
+)
+@document_errors(
+    403, 422, 503,
+    descriptions={
+        **_FORBIDDEN,
+        422: "`invalid_body`: an unknown query parameter, a `status` that is no job status, an empty "
+             "filter, or a `Last-Event-ID` that is not an event id (`<ms>-<seq>`).",
+    },
+)
+async def follow_events(query_args: EventsQuery, headers: SseHeaders) -> Response:
+    """Follow every job's transitions and progress reports (text/event-stream)."""
+    _require_admin()
+    body = await admin_stream(
+        runtime().client,
+        name=query_args.job,
+        user_uid=query_args.user,
+        status=None if query_args.status is None else JobStatus(query_args.status),
+        last_event_id=headers.last_event_id,
+        heartbeat_s=heartbeat_seconds(),
+    )
+    return sse_response(body)
+
+
+@blueprint.get("/workers")
+@tag(["admin"])
+@document_response(WorkerList)
+@document_errors(403, 503, descriptions=_FORBIDDEN)
+async def list_workers() -> Response:
+    """The worker processes alive now: id, host, pid, since when, jobs running, last heartbeat."""
+    _require_admin()
+    return jsonify({"workers": [_worker_json(worker) for worker in await runtime().client.workers()]})
+
+
+def _worker_json(worker: WorkerInfo) -> dict[str, Any]:
+    return {
+        "worker_id": worker.worker_id,
+        "host": worker.host,
+        "pid": worker.pid,
+        "started_at": _iso(worker.started_ms),
+        "jobs_running": worker.jobs_running,
+        "heartbeat_at": _iso(worker.heartbeat_ms),
+    }
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _iso(ms: int) -> str:
+    return (_EPOCH + timedelta(milliseconds=ms)).isoformat()
 
 
 @blueprint.get("/schedules")
