@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from quart import current_app
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from agent_async import Agent, AgentError, ClientAgent
+from agent_async import Agent, AgentError, ClientAgent, ConnectionGuard, GuardConfig
 from agent_async.serializer import JobStateSerializerDict
 from app.auth import TokenSigner
 from app.db import create_app_engine
@@ -33,12 +33,31 @@ class AppRuntime:
     _engine: AsyncEngine | None = field(default=None, repr=False)
     # True when a worker hook built the engine (and must dispose of it), not the API.
     _worker_owns_engine: bool = field(default=False, repr=False)
+    _ics_guard: ConnectionGuard | None = field(default=None, repr=False)
 
     @property
     def engine(self) -> AsyncEngine:
         if self._engine is None:
             raise AgentError("the application database is not open: serve the app or start a worker")
         return self._engine
+
+    @property
+    def ics_guard(self) -> ConnectionGuard:
+        """The ConnectionGuard of every `ics:<host>` connection (external calendars), one per process,
+        built on first use from the AGENT_ICS_* settings; its state is shared by all workers in Redis."""
+        if self._ics_guard is None:
+            settings = self.settings
+            config = GuardConfig(
+                min_interval_s=settings.ics_min_interval_s,
+                failure_threshold=settings.ics_failure_threshold,
+                cooldown_s=settings.ics_cooldown_s,
+                # A trial holds its reservation for as long as one fetch may take (its deadline, plus slack).
+                trial_timeout_s=max(30.0, settings.fetch_timeout_s * 3 + 5),
+            )
+            self._ics_guard = ConnectionGuard(
+                lambda: self.agent.redis, namespace=settings.agent.namespace, configs={"ics:*": config}
+            )
+        return self._ics_guard
 
     def require_signer(self) -> TokenSigner:
         """The token signer; a ConfigurationError naming AGENT_SECRET_KEY when no secret is set."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -13,6 +14,13 @@ __all__ = ["APP_JOB_PACKAGES", "AppSettings"]
 MIN_SECRET_CHARS = 16
 DEFAULT_MAX_BODY_BYTES = 10 * 1024 * 1024
 DEFAULT_TOKEN_MAX_AGE_S = 12 * 3600
+# External calendars (app/module/calendar/fetch.py and the sync job): what one fetch may take, and
+# the ConnectionGuard of every `ics:<host>` connection (shared through Redis by all workers).
+DEFAULT_FETCH_TIMEOUT_S = 10.0
+DEFAULT_FETCH_MAX_BYTES = 5 * 1024 * 1024
+DEFAULT_ICS_MIN_INTERVAL_S = 1.0
+DEFAULT_ICS_FAILURE_THRESHOLD = 5
+DEFAULT_ICS_COOLDOWN_S = 60.0
 # Where the app's job modules live (app/module/<module>/jobs/*.py). The library's own default is
 # empty (it names no application); the app fills it in unless AGENT_JOB_PACKAGES names others.
 APP_JOB_PACKAGES = ("app.module",)
@@ -33,6 +41,14 @@ class AppSettings:
     token_max_age_s: int = DEFAULT_TOKEN_MAX_AGE_S
     host: str = "127.0.0.1"
     port: int = 8000
+    # Host names or IP addresses an external calendar may reach although they are not public
+    # (loopback, private, link-local...); empty: only public addresses.
+    fetch_allow_hosts: tuple[str, ...] = ()
+    fetch_timeout_s: float = DEFAULT_FETCH_TIMEOUT_S
+    fetch_max_bytes: int = DEFAULT_FETCH_MAX_BYTES
+    ics_min_interval_s: float = DEFAULT_ICS_MIN_INTERVAL_S
+    ics_failure_threshold: int = DEFAULT_ICS_FAILURE_THRESHOLD
+    ics_cooldown_s: float = DEFAULT_ICS_COOLDOWN_S
 
     ENV = {
         "secret_key": "AGENT_SECRET_KEY",
@@ -40,6 +56,12 @@ class AppSettings:
         "token_max_age_s": "AGENT_TOKEN_MAX_AGE_SECONDS",
         "host": "AGENT_HOST",
         "port": "AGENT_PORT",
+        "fetch_allow_hosts": "AGENT_FETCH_ALLOW_HOSTS",
+        "fetch_timeout_s": "AGENT_FETCH_TIMEOUT_SECONDS",
+        "fetch_max_bytes": "AGENT_FETCH_MAX_BYTES",
+        "ics_min_interval_s": "AGENT_ICS_MIN_INTERVAL_SECONDS",
+        "ics_failure_threshold": "AGENT_ICS_FAILURE_THRESHOLD",
+        "ics_cooldown_s": "AGENT_ICS_COOLDOWN_SECONDS",
     }
 
     def __post_init__(self) -> None:
@@ -59,6 +81,25 @@ class AppSettings:
             )
         if not 0 <= self.port <= 65535:
             raise ConfigurationError(f"invalid setting AGENT_PORT={self.port}: must be 0..65535")
+        object.__setattr__(
+            self, "fetch_allow_hosts", tuple(h.strip().lower() for h in self.fetch_allow_hosts if h.strip())
+        )
+        for name, value, positive in (
+            ("fetch_timeout_s", self.fetch_timeout_s, True),
+            ("ics_min_interval_s", self.ics_min_interval_s, False),
+            ("ics_cooldown_s", self.ics_cooldown_s, False),
+        ):
+            if not math.isfinite(value) or value < 0 or (positive and value == 0):
+                kind = "positive" if positive else "non-negative"
+                raise ConfigurationError(
+                    f"invalid setting {self.ENV[name]}={value}: must be a {kind} number of seconds"
+                )
+        if self.fetch_max_bytes < 1024:
+            raise ConfigurationError(f"invalid setting AGENT_FETCH_MAX_BYTES={self.fetch_max_bytes}: must be >= 1024")
+        if self.ics_failure_threshold < 1:
+            raise ConfigurationError(
+                f"invalid setting AGENT_ICS_FAILURE_THRESHOLD={self.ics_failure_threshold}: must be >= 1"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AppSettings:
@@ -73,6 +114,12 @@ class AppSettings:
             token_max_age_s=_int(env, cls.ENV["token_max_age_s"], DEFAULT_TOKEN_MAX_AGE_S),
             host=env.get(cls.ENV["host"], "127.0.0.1"),
             port=_int(env, cls.ENV["port"], 8000),
+            fetch_allow_hosts=tuple(env.get(cls.ENV["fetch_allow_hosts"], "").split(",")),
+            fetch_timeout_s=_float(env, cls.ENV["fetch_timeout_s"], DEFAULT_FETCH_TIMEOUT_S),
+            fetch_max_bytes=_int(env, cls.ENV["fetch_max_bytes"], DEFAULT_FETCH_MAX_BYTES),
+            ics_min_interval_s=_float(env, cls.ENV["ics_min_interval_s"], DEFAULT_ICS_MIN_INTERVAL_S),
+            ics_failure_threshold=_int(env, cls.ENV["ics_failure_threshold"], DEFAULT_ICS_FAILURE_THRESHOLD),
+            ics_cooldown_s=_float(env, cls.ENV["ics_cooldown_s"], DEFAULT_ICS_COOLDOWN_S),
         )
 
     def require_secret(self) -> str:
@@ -97,3 +144,13 @@ def _int(env: Mapping[str, str], var: str, default: int) -> int:
         return int(raw.strip())
     except ValueError:
         raise ConfigurationError(f"invalid setting {var}={raw!r}: expected an integer") from None
+
+
+def _float(env: Mapping[str, str], var: str, default: float) -> float:
+    raw = env.get(var)
+    if raw is None or not raw.strip():
+        return default
+    try:
+        return float(raw.strip())
+    except ValueError:
+        raise ConfigurationError(f"invalid setting {var}={raw!r}: expected a number") from None

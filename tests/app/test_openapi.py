@@ -44,6 +44,8 @@ EXPECTED: dict[tuple[str, str], set[int]] = {
     ("GET", "/jobs/{job_id}"): {200, 403, 404} | COMMON,
     ("POST", "/jobs/{job_id}/cancel"): {200, 403, 404} | COMMON,
     ("GET", "/jobs/{job_id}/result"): {200, 403, 404, 409, 410, 422} | COMMON,
+    # Server-Sent Events; 204 for a finished job whose every event the client has seen; 422 a bad Last-Event-ID.
+    ("GET", "/jobs/{job_id}/events"): {200, 204, 403, 404, 422} | COMMON,
     ("POST", "/calendars"): {201} | JSON_BODY | COMMON,
     ("GET", "/calendars"): {200} | COMMON,
     ("PATCH", "/calendars/{key}"): {200, 404} | JSON_BODY | COMMON,
@@ -55,8 +57,14 @@ EXPECTED: dict[tuple[str, str], set[int]] = {
     ("POST", "/calendars/{key}/export"): {202, 404, 409} | COMMON,
     # A raw or multipart body, read by the handler: no JSON, so no 400.
     ("POST", "/calendars/{key}/import"): {202, 404, 408, 409, 413, 415, 422} | COMMON,
+    ("POST", "/calendars/external"): {201} | JSON_BODY | COMMON,
+    ("GET", "/calendars/{key}/external"): {200, 404} | COMMON,
+    ("PATCH", "/calendars/{key}/external"): {200, 404} | JSON_BODY | COMMON,
+    ("POST", "/calendars/{key}/sync"): {202, 404, 409, 422} | COMMON,
     ("GET", "/admin/schedules"): {200, 403} | COMMON,
     ("PATCH", "/admin/schedules/{name}"): {200, 403, 404} | JSON_BODY | COMMON,
+    ("GET", "/admin/events"): {200, 403, 422} | COMMON,
+    ("GET", "/admin/workers"): {200, 403} | COMMON,
 }
 
 # A rule's converters written out, independently of quart-schema's own regex (which once read
@@ -248,7 +256,8 @@ def test_bodies_and_query_strings_document_their_refusals(document: dict[str, An
         if any(parameter["in"] == "query" for parameter in operation.get("parameters", [])):
             assert 422 in statuses, (method, path)
         if method in ("POST", "PATCH", "PUT") and not content:
-            assert method == "POST" and path.endswith(("/export", "/cancel")), f"{method} {path} declares no body"
+            no_body = ("/export", "/cancel", "/sync")
+            assert method == "POST" and path.endswith(no_body), f"{method} {path} declares no body"
 
 
 def test_error_responses_are_error_objects(document: dict[str, Any]) -> None:
@@ -312,7 +321,9 @@ def test_nullable_only_where_null_is_answered_or_accepted(document: dict[str, An
 
     nullable = {
         "EventOut": {"description"},
-        "JobPublic": {"payload", "result", "error"},
+        "JobPublic": {"payload", "result", "error", "progress"},
+        "ProgressOut": {"message"},
+        "WorkerOut": set(),
         "ScheduleView": {"override", "effective_cron", "disabled_reason", "last_run", "next_run"},
         "ScheduleOverrideOut": {"cron"},
         "ScheduleRunOut": set(),

@@ -1,11 +1,13 @@
-"""The /calendars blueprint: calendars, events, and the export/import jobs."""
+"""The /calendars blueprint: calendars, events, the export/import jobs, external (ICS subscription) calendars."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from quart import Blueprint, Response, jsonify, request
+from quart.blueprints import BlueprintSetupState
 from quart_schema import document_response, tag, validate_querystring, validate_request
+from werkzeug.routing import BaseConverter
 
 from app.api.context import current_principal, runtime
 from app.api.openapi import document_errors, document_plain_response, document_request_body
@@ -22,7 +24,14 @@ from app.api.schemas import (
     JobAccepted,
     Page,
 )
-from app.module.calendar.model import Calendar, Event
+from app.module.calendar.external_schemas import (
+    ExternalCalendarCreate,
+    ExternalCalendarOut,
+    ExternalCalendarPatch,
+    SyncQuery,
+)
+from app.module.calendar.fetch import FetchPolicy
+from app.module.calendar.model import Calendar, Event, ExternalSource
 from app.module.calendar.repository import CalendarRepository
 from app.module.calendar.service import ModuleCalendar, new_event_uid
 from app.module.calendar.uploads import FILE_FIELD, RAW_TYPES, read_upload
@@ -30,6 +39,20 @@ from app.module.calendar.uploads import FILE_FIELD, RAW_TYPES, read_upload
 __all__ = ["blueprint"]
 
 blueprint = Blueprint("calendars", __name__, url_prefix="/calendars")
+
+
+class CalendarKeyConverter(BaseConverter):
+    """A calendar key in `/calendars/<key>`: any one segment but "external", which is the collection of
+    external calendars (POST only), so that PATCH or DELETE /calendars/external is a 405, not a 404."""
+
+    regex = r"(?!external$)[^/]+"
+
+
+@blueprint.record_once
+def _register_converter(state: BlueprintSetupState) -> None:
+    # Runs before the routes below are added to the app's map (deferred functions run in order).
+    state.app.url_map.converters.setdefault("calendar_key", CalendarKeyConverter)
+
 
 # What a 404 or 422 means on these operations (the defaults are in app.api.openapi).
 _CALENDAR = {404: "`calendar_not_found`: no such calendar of the caller's (another user's is not shown)."}
@@ -39,15 +62,29 @@ _BODY = {422: "`invalid_body`: the body fails validation (the message names the 
 _EVENT_BODY = {422: _BODY[422] + " Also when the event would end before it starts."}
 _IN_FLIGHT = "`job_concurrent_limit`: an export or import of this user is already in flight."
 _DELETED = "Deleted; no body."
+_EXTERNAL = {404: "`calendar_not_found`: no such calendar of the caller's (another user's is not shown); "
+                  "`subscription_not_found`: the calendar is not an external calendar."}
+_SYNC_IN_FLIGHT = "`job_concurrent_limit`: a sync of this user is already in flight."
 
 
 def _module() -> ModuleCalendar:
     rt = runtime()
-    return ModuleCalendar(CalendarRepository(rt.engine), rt.client)
+    return ModuleCalendar(CalendarRepository(rt.engine), rt.client, FetchPolicy.from_settings(rt.settings))
 
 
 def _calendar_json(calendar: Calendar) -> dict[str, Any]:
     return {"key": calendar.key, "name": calendar.name, "created_at": calendar.created_at.isoformat()}
+
+
+def _external_json(calendar: Calendar, source: ExternalSource) -> dict[str, Any]:
+    return {
+        **_calendar_json(calendar),
+        "url": source.url,
+        "sync_interval_minutes": source.sync_interval_minutes,
+        "last_sync_at": None if source.last_sync_at is None else source.last_sync_at.isoformat(),
+        "last_status": source.last_status,
+        "last_error": source.last_error,
+    }
 
 
 def _event_json(event: Event) -> dict[str, Any]:
@@ -92,7 +129,7 @@ async def list_calendars() -> Response:
     return jsonify({"calendars": [_calendar_json(c) for c in calendars]})
 
 
-@blueprint.patch("/<key>")
+@blueprint.patch("/<calendar_key:key>")
 @tag(["calendars"])
 @validate_request(CalendarPatch)
 @document_response(CalendarOut)
@@ -103,12 +140,12 @@ async def rename_calendar(key: str, data: CalendarPatch) -> Response:
     return jsonify(_calendar_json(calendar))
 
 
-@blueprint.delete("/<key>")
+@blueprint.delete("/<calendar_key:key>")
 @tag(["calendars"])
 @document_plain_response(204, _DELETED)
 @document_errors(404, 503, descriptions=_CALENDAR)
 async def delete_calendar(key: str) -> Response:
-    """Delete the caller's calendar and all its events; 204 without a body."""
+    """Delete the caller's calendar and all its events (an external calendar: its subscription too); 204."""
     await _module().delete(key, current_principal().uid)
     return _no_content()
 
@@ -214,4 +251,61 @@ async def import_calendar(key: str) -> Response:
     """Start an ICS import: body `text/calendar`, or multipart/form-data with a `file` part."""
     text = await read_upload(request)
     job_id = await _module().import_text(key, current_principal().uid, text)
+    return _status(jsonify({"job_id": job_id}), 202)
+
+
+# --- external calendars (ICS subscriptions) ------------------------------------------------------------------
+
+
+@blueprint.post("/external")
+@tag(["calendars"])
+@validate_request(ExternalCalendarCreate)
+@document_response(ExternalCalendarOut, 201)
+@document_errors(
+    400, 408, 413, 422, 503,
+    descriptions={422: _BODY[422] + " `url_refused`: the URL may not be fetched; the message says why "
+                        "(not http/https, credentials in it, its host does not resolve, or resolves to a "
+                        "loopback, private, link-local, multicast, reserved or unspecified address)."},
+)
+async def subscribe_external(data: ExternalCalendarCreate) -> Response:
+    """Subscribe to an ICS URL: a new calendar of the caller's, filled by `POST /calendars/<key>/sync` and
+    the periodic sync. The URL is checked now and again at every fetch and redirect."""
+    calendar, source = await _module().subscribe(
+        current_principal().uid, data.name, data.url, data.sync_interval_minutes
+    )
+    return _status(jsonify(_external_json(calendar, source)), 201)
+
+
+@blueprint.get("/<key>/external")
+@tag(["calendars"])
+@document_response(ExternalCalendarOut)
+@document_errors(404, 503, descriptions=_EXTERNAL)
+async def get_external(key: str) -> Response:
+    """The external calendar's source and how its last sync went."""
+    calendar, source = await _module().external(key, current_principal().uid)
+    return jsonify(_external_json(calendar, source))
+
+
+@blueprint.patch("/<key>/external")
+@tag(["calendars"])
+@validate_request(ExternalCalendarPatch)
+@document_response(ExternalCalendarOut)
+@document_errors(400, 404, 408, 413, 422, 503, descriptions={**_EXTERNAL, **_BODY})
+async def patch_external(key: str, data: ExternalCalendarPatch) -> Response:
+    """Change the sync interval (minutes, 5 to 10080); answers the external calendar."""
+    calendar, source = await _module().set_sync_interval(key, current_principal().uid, data.sync_interval_minutes)
+    return jsonify(_external_json(calendar, source))
+
+
+@blueprint.post("/<key>/sync")
+@tag(["calendars"])
+@validate_querystring(SyncQuery)
+@document_response(JobAccepted, 202)
+@document_errors(
+    404, 409, 422, 503,
+    descriptions={**_EXTERNAL, 409: _SYNC_IN_FLIGHT, 422: "`invalid_body`: `force` is not a boolean."},
+)
+async def sync_external(key: str, query_args: SyncQuery) -> Response:
+    """Queue a sync of the external calendar now (`?force=true`: a full download, ignoring the ETag)."""
+    job_id = await _module().sync(key, current_principal().uid, force=query_args.force)
     return _status(jsonify({"job_id": job_id}), 202)

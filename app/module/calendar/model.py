@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-__all__ = ["Calendar", "Event", "ImportCounts"]
+__all__ = ["Calendar", "Event", "ExternalSource", "ImportCounts", "SyncCounts"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,3 +35,33 @@ class ImportCounts:
 
     def as_dict(self) -> dict[str, int]:
         return {"imported": self.imported, "updated": self.updated, "skipped": self.skipped}
+
+
+@dataclass(frozen=True, slots=True)
+class ExternalSource:
+    """What makes a calendar external: where it is fetched from, how often, and how the last sync went.
+
+    `last_status` is "synced" (a 200 applied), "unchanged" (a 304) or "error" (`last_error` says
+    why); None before the first sync. `etag` and `last_modified` are the server's validators, sent
+    back as If-None-Match / If-Modified-Since.
+    """
+
+    calendar_key: str
+    url: str
+    sync_interval_minutes: int
+    last_sync_at: datetime | None = None
+    last_status: str | None = None
+    last_error: str | None = None
+    etag: str | None = None
+    last_modified: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class SyncCounts:
+    imported: int = 0
+    updated: int = 0
+    skipped: int = 0
+    removed: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return {"imported": self.imported, "updated": self.updated, "skipped": self.skipped, "removed": self.removed}

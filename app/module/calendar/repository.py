@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from sqlalchemy import delete, func, insert, select, update
 from sqlalchemy import exc as sa_exc
@@ -16,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from agent_async import StorageUnavailableError
 from app.db import from_db_time, to_db_time
 from app.module.calendar import tables
-from app.module.calendar.model import Calendar, Event, ImportCounts
+from app.module.calendar.model import Calendar, Event, ExternalSource, ImportCounts, SyncCounts
 
 __all__ = ["CalendarRepository", "CalendarStorageError", "CalendarStorageUnavailableError"]
 
@@ -72,6 +74,28 @@ def _event(row: Row[tuple[str, str, datetime, datetime, str | None]]) -> Event:
         end=from_db_time(row.end_at),
         description=row.description,
     )
+
+
+def _source(row: Row[Any]) -> ExternalSource:
+    return ExternalSource(
+        calendar_key=row.calendar_key,
+        url=row.url,
+        sync_interval_minutes=row.sync_interval_minutes,
+        last_sync_at=None if row.last_sync_at is None else from_db_time(row.last_sync_at),
+        last_status=row.last_status,
+        last_error=row.last_error,
+        etag=row.etag,
+        last_modified=row.last_modified,
+    )
+
+
+def _cut(text: str | None, limit: int) -> str | None:
+    return None if text is None else text[:limit]
+
+
+def _validator(value: str | None) -> str | None:
+    # A cut ETag would never match again: one too long for its column is simply not kept.
+    return value if value is not None and len(value) <= tables.VALIDATOR_CHARS else None
 
 
 def _event_values(event: Event) -> dict[str, object]:
@@ -135,6 +159,9 @@ class CalendarRepository:
                     return False
                 # Explicitly: SQLite enforces the ON DELETE CASCADE only with PRAGMA foreign_keys=ON.
                 await conn.execute(delete(tables.events).where(tables.events.c.calendar_key == key))
+                await conn.execute(
+                    delete(tables.external_sources).where(tables.external_sources.c.calendar_key == key)
+                )
                 await conn.execute(delete(tables.calendars).where(tables.calendars.c.key == key))
         return True
 
@@ -204,26 +231,172 @@ class CalendarRepository:
 
     async def _upsert_events(self, key: str, incoming: Sequence[Event]) -> ImportCounts:
         async with self._engine.begin() as conn:
-            existing = await self._events_by_uid(conn, key)
-            imported = updated = skipped = 0
-            new_rows: list[dict[str, object]] = []
-            for event in _last_per_uid(incoming):
-                current = existing.get(event.uid)
-                if current is None:
-                    new_rows.append({"calendar_key": key, "uid": event.uid, **_event_values(event)})
-                    imported += 1
-                elif current == event:
-                    skipped += 1
-                else:
-                    await conn.execute(
-                        update(tables.events)
-                        .where(tables.events.c.calendar_key == key, tables.events.c.uid == event.uid)
-                        .values(**_event_values(event))
+            counts, _ = await self._upsert_in(conn, key, incoming)
+        return counts
+
+    async def _upsert_in(
+        self, conn: AsyncConnection, key: str, incoming: Sequence[Event]
+    ) -> tuple[ImportCounts, dict[str, Event]]:
+        """Upsert inside the caller's transaction; also answers the events that were there before."""
+        existing = await self._events_by_uid(conn, key)
+        imported = updated = skipped = 0
+        new_rows: list[dict[str, object]] = []
+        for event in _last_per_uid(incoming):
+            current = existing.get(event.uid)
+            if current is None:
+                new_rows.append({"calendar_key": key, "uid": event.uid, **_event_values(event)})
+                imported += 1
+            elif current == event:
+                skipped += 1
+            else:
+                await conn.execute(
+                    update(tables.events)
+                    .where(tables.events.c.calendar_key == key, tables.events.c.uid == event.uid)
+                    .values(**_event_values(event))
+                )
+                updated += 1
+        if new_rows:
+            await conn.execute(insert(tables.events), new_rows)
+        return ImportCounts(imported=imported, updated=updated, skipped=skipped), existing
+
+    # --- external calendars ------------------------------------------------------------------------------
+
+    async def create_external_calendar(
+        self, owner_uid: str, name: str, url: str, sync_interval_minutes: int
+    ) -> tuple[Calendar, ExternalSource]:
+        """A calendar and its source, in one transaction."""
+        calendar = Calendar(
+            key=uuid.uuid4().hex, owner_uid=owner_uid, name=name, created_at=datetime.now(UTC).replace(microsecond=0)
+        )
+        source = ExternalSource(calendar_key=calendar.key, url=url, sync_interval_minutes=sync_interval_minutes)
+        with storage_errors("the calendar could not be stored"):
+            async with self._engine.begin() as conn:
+                await conn.execute(
+                    insert(tables.calendars).values(
+                        key=calendar.key, owner_uid=owner_uid, name=name, created_at=to_db_time(calendar.created_at)
                     )
-                    updated += 1
-            if new_rows:
-                await conn.execute(insert(tables.events), new_rows)
-        return ImportCounts(imported=imported, updated=updated, skipped=skipped)
+                )
+                await conn.execute(
+                    insert(tables.external_sources).values(
+                        calendar_key=calendar.key, url=url, sync_interval_minutes=sync_interval_minutes
+                    )
+                )
+        return calendar, source
+
+    async def get_external(self, key: str, owner_uid: str) -> tuple[Calendar, ExternalSource] | None:
+        """The owner's calendar and its source; None if it is not the owner's or not external."""
+        with storage_errors("the calendar could not be read"):
+            async with self._engine.connect() as conn:
+                return await self._owned_external(conn, key, owner_uid)
+
+    async def set_sync_interval(
+        self, key: str, owner_uid: str, minutes: int
+    ) -> tuple[Calendar, ExternalSource] | None:
+        with storage_errors("the calendar could not be stored"):
+            async with self._engine.begin() as conn:
+                found = await self._owned_external(conn, key, owner_uid)
+                if found is None:
+                    return None
+                await conn.execute(
+                    update(tables.external_sources)
+                    .where(tables.external_sources.c.calendar_key == key)
+                    .values(sync_interval_minutes=minutes)
+                )
+        calendar, source = found
+        return calendar, dataclasses.replace(source, sync_interval_minutes=minutes)
+
+    async def record_sync_outcome(
+        self, key: str, *, at: datetime, status: str, error: str | None = None,
+        etag: str | None = None, last_modified: str | None = None, keep_validators: bool = True,
+    ) -> bool:
+        """Store how a sync ended without touching the events (an error, or a 304); False if the
+        calendar is no longer external. `keep_validators` leaves the stored ETag / Last-Modified alone."""
+        values: dict[str, object] = {
+            "last_sync_at": to_db_time(at), "last_status": status, "last_error": _cut(error, tables.ERROR_CHARS),
+        }
+        if not keep_validators:
+            values |= {"etag": _validator(etag), "last_modified": _validator(last_modified)}
+        where = tables.external_sources.c.calendar_key == key
+        with storage_errors("the calendar could not be stored"):
+            async with self._engine.begin() as conn:
+                if (await conn.execute(select(tables.external_sources.c.calendar_key).where(where))).first() is None:
+                    return False
+                await conn.execute(update(tables.external_sources).where(where).values(**values))
+        return True
+
+    async def apply_sync(
+        self, key: str, owner_uid: str, events: Sequence[Event], *, at: datetime,
+        etag: str | None, last_modified: str | None,
+    ) -> SyncCounts | None:
+        """Make the calendar's events exactly `events` (upsert by UID, remove the UIDs upstream no
+        longer has) and record the sync, all in one transaction: a failure leaves the calendar as it
+        was. None if the calendar is no longer the owner's external calendar. Idempotent."""
+        with storage_errors("the calendar could not be stored"):
+            async with self._engine.begin() as conn:
+                if await self._owned_external(conn, key, owner_uid) is None:
+                    return None
+                counts, existing = await self._upsert_in(conn, key, events)
+                gone = sorted(set(existing) - {event.uid for event in events})
+                for start in range(0, len(gone), 500):
+                    await conn.execute(
+                        delete(tables.events).where(
+                            tables.events.c.calendar_key == key, tables.events.c.uid.in_(gone[start:start + 500])
+                        )
+                    )
+                await conn.execute(
+                    update(tables.external_sources)
+                    .where(tables.external_sources.c.calendar_key == key)
+                    .values(
+                        last_sync_at=to_db_time(at), last_status="synced", last_error=None,
+                        etag=_validator(etag), last_modified=_validator(last_modified),
+                    )
+                )
+        return SyncCounts(imported=counts.imported, updated=counts.updated, skipped=counts.skipped, removed=len(gone))
+
+    async def due_external(self, now: datetime, *, limit: int) -> list[tuple[str, str]]:
+        """(calendar key, owner) of the external calendars due for a sync at `now`: never synced, or
+        last synced at least their interval ago; the longest waiting first, at most `limit`."""
+        query = select(
+            tables.external_sources.c.calendar_key, tables.calendars.c.owner_uid,
+            tables.external_sources.c.sync_interval_minutes, tables.external_sources.c.last_sync_at,
+        ).join(tables.calendars, tables.calendars.c.key == tables.external_sources.c.calendar_key)
+        with storage_errors("the calendars could not be read"):
+            async with self._engine.connect() as conn:
+                rows = list(await conn.execute(query))
+        naive_now = to_db_time(now)
+        due = [
+            (row.last_sync_at or datetime.min, row.calendar_key, row.owner_uid) for row in rows
+            if row.last_sync_at is None or row.last_sync_at + timedelta(minutes=row.sync_interval_minutes) <= naive_now
+        ]
+        return [(key, owner) for _, key, owner in sorted(due)[:limit]]
+
+    async def sync_statuses(self, keys: Sequence[str]) -> dict[str, tuple[str | None, datetime | None]]:
+        """key -> (last_status, last_sync_at) of those external calendars that still exist."""
+        found: dict[str, tuple[str | None, datetime | None]] = {}
+        table = tables.external_sources
+        with storage_errors("the calendars could not be read"):
+            async with self._engine.connect() as conn:
+                for start in range(0, len(keys), 500):
+                    query = select(table.c.calendar_key, table.c.last_status, table.c.last_sync_at).where(
+                        table.c.calendar_key.in_(list(keys[start:start + 500]))
+                    )
+                    for row in await conn.execute(query):
+                        at = None if row.last_sync_at is None else from_db_time(row.last_sync_at)
+                        found[row.calendar_key] = (row.last_status, at)
+        return found
+
+    async def _owned_external(
+        self, conn: AsyncConnection, key: str, owner_uid: str
+    ) -> tuple[Calendar, ExternalSource] | None:
+        query = (
+            select(tables.calendars, tables.external_sources)
+            .join(tables.external_sources, tables.external_sources.c.calendar_key == tables.calendars.c.key)
+            .where(tables.calendars.c.key == key, tables.calendars.c.owner_uid == owner_uid)
+        )
+        row = (await conn.execute(query)).first()
+        if row is None:
+            return None
+        return _calendar(row), _source(row)
 
     async def _events_by_uid(self, conn: AsyncConnection, key: str) -> dict[str, Event]:
         rows = await conn.execute(select(tables.events).where(tables.events.c.calendar_key == key))

@@ -7,9 +7,10 @@ from typing import ClassVar
 
 from sqlalchemy.exc import OperationalError
 
-from agent_async import JobRequest, StorageUnavailableError
+from agent_async import ConnectionCoolingDown, JobRequest, StorageUnavailableError
+from app.module.calendar.fetch import RetryableFetchError
 
-__all__ = ["JobRequestExportIcs", "JobRequestImportIcs"]
+__all__ = ["JobRequestExportIcs", "JobRequestImportIcs", "JobRequestSyncExternal"]
 
 # Database outages: the blob store's own error, which the calendar repository's
 # CalendarStorageUnavailableError subclasses, and SQLAlchemy's in case one arrives untranslated.
@@ -48,3 +49,29 @@ class JobRequestImportIcs(_CalendarJobRequest):
     # failure, retries exhausted, a lost worker), so repeating cancelled imports cannot fill the store.
     owned_blobs: ClassVar[tuple[str, ...]] = ("source_ref",)
     source_ref: str = ""
+
+
+@dataclass
+class JobRequestSyncExternal(JobRequest):
+    """Fetch one external calendar and make its events those of the upstream file."""
+
+    name: ClassVar[str] = "calendar.sync.external"
+    # Connect + read timeouts and the fetch's own deadline are far shorter (AGENT_FETCH_TIMEOUT_SECONDS).
+    soft_timeout_seconds: ClassVar[float] = 300
+    max_try: ClassVar[int] = 4
+    # The sync upserts by UID and removes what upstream dropped, in one transaction: re-running it is safe.
+    resume: ClassVar[bool] = True
+    max_concurrent: ClassVar[int] = 1
+    # Timeouts, connection and DNS failures, 429 and 5xx (RetryableFetchError), a host whose
+    # ConnectionGuard is cooling down, and database outages. A refused address, a 404, a file that is
+    # not iCalendar or too large fail at once.
+    retry_for: ClassVar[tuple[type[BaseException], ...]] = (
+        RetryableFetchError, ConnectionCoolingDown, *_TRANSIENT,
+    )
+
+    calendar_key: str = ""
+    # True: a full download, without If-None-Match / If-Modified-Since.
+    force: bool = False
+    # Set by the periodic sweep, whose children run without a user: the owner the calendar must
+    # still have (a user's own sync is checked against its user instead).
+    owner_uid: str = ""

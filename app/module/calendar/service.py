@@ -10,10 +10,11 @@ from typing import Any
 
 from agent_async import ClientAgent
 from app.errors import ApiError
-from app.module.calendar.model import Calendar, Event
+from app.module.calendar.fetch import FetchError, FetchPolicy, check_url
+from app.module.calendar.model import Calendar, Event, ExternalSource
 from app.module.calendar.repository import CalendarRepository
-from app.module.calendar.requests import JobRequestExportIcs, JobRequestImportIcs
-from app.module.calendar.tables import UID_CHARS
+from app.module.calendar.requests import JobRequestExportIcs, JobRequestImportIcs, JobRequestSyncExternal
+from app.module.calendar.tables import UID_CHARS, URL_CHARS
 from app.text import single_line_problem
 
 __all__ = ["ModuleCalendar"]
@@ -35,6 +36,10 @@ def _event_not_found(uid: str) -> ApiError:
     return ApiError(404, "event_not_found", f"no event {uid} in this calendar")
 
 
+def _not_external(key: str) -> ApiError:
+    return ApiError(404, "subscription_not_found", f"calendar {key} is not an external calendar")
+
+
 def _storable_uid(uid: str) -> bool:
     # Imported UIDs follow the same rule (ics.parse_ics): one that breaks it was never stored.
     return 0 < len(uid) <= UID_CHARS and single_line_problem(uid) is None
@@ -43,9 +48,12 @@ def _storable_uid(uid: str) -> bool:
 class ModuleCalendar:
     """Calendars of one owner; another user's calendar is reported as not found, never shown."""
 
-    def __init__(self, repository: CalendarRepository, client: ClientAgent) -> None:
+    def __init__(
+        self, repository: CalendarRepository, client: ClientAgent, fetch_policy: FetchPolicy | None = None
+    ) -> None:
         self._repository = repository
         self._client = client
+        self._fetch_policy = fetch_policy if fetch_policy is not None else FetchPolicy()
 
     async def create(self, owner_uid: str, name: str) -> Calendar:
         return await self._repository.create_calendar(owner_uid, name)
@@ -117,6 +125,40 @@ class ModuleCalendar:
             # Nothing will ever consume the upload: do not leave it dangling.
             await store.delete(ref)
             raise
+
+    # --- external calendars ---------------------------------------------------------------------------
+
+    async def subscribe(
+        self, owner_uid: str, name: str, url: str, sync_interval_minutes: int
+    ) -> tuple[Calendar, ExternalSource]:
+        """A new external calendar; 422 `url_refused` naming why when the URL may not be fetched
+        (checked now, and again at every fetch and redirect)."""
+        try:
+            checked = str(await check_url(url, self._fetch_policy))
+        except FetchError as exc:
+            raise ApiError(422, "url_refused", f"the URL cannot be subscribed: {exc}") from None
+        if len(checked) > URL_CHARS:
+            raise ApiError(422, "url_refused", f"the URL is longer than {URL_CHARS} characters once encoded")
+        return await self._repository.create_external_calendar(owner_uid, name, checked, sync_interval_minutes)
+
+    async def external(self, key: str, owner_uid: str) -> tuple[Calendar, ExternalSource]:
+        await self.get(key, owner_uid)
+        found = await self._repository.get_external(key, owner_uid)
+        if found is None:
+            raise _not_external(key)
+        return found
+
+    async def set_sync_interval(self, key: str, owner_uid: str, minutes: int) -> tuple[Calendar, ExternalSource]:
+        await self.external(key, owner_uid)
+        found = await self._repository.set_sync_interval(key, owner_uid, minutes)
+        if found is None:
+            raise _calendar_not_found(key)  # deleted meanwhile
+        return found
+
+    async def sync(self, key: str, owner_uid: str, *, force: bool = False) -> str:
+        """Queue a sync of the external calendar now; its job id."""
+        await self.external(key, owner_uid)
+        return await self._client.enqueue(JobRequestSyncExternal(calendar_key=key, force=force), owner_uid)
 
 
 def new_event_uid() -> str:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from sqlalchemy import Column, DateTime, ForeignKey, Integer, String, Table, Text, UniqueConstraint
+from sqlalchemy import Column, DateTime, ForeignKey, Integer, String, Table, Text, UniqueConstraint, text
 
 from app.db import metadata
 
-__all__ = ["DESCRIPTION_CHARS", "KEY_CHARS", "SUMMARY_CHARS", "UID_CHARS", "calendars", "events"]
+__all__ = [
+    "DESCRIPTION_CHARS", "KEY_CHARS", "SUMMARY_CHARS", "UID_CHARS", "URL_CHARS", "calendars", "events",
+    "external_sources",
+]
 
 KEY_CHARS = 32
 OWNER_CHARS = 255
@@ -16,6 +19,12 @@ SUMMARY_CHARS = 1024
 # Not a column limit: MariaDB's TEXT holds 65 535 bytes, and 10 000 characters of up to 4 bytes fit,
 # so a description this long is stored by all three databases (the API and the import enforce it).
 DESCRIPTION_CHARS = 10_000
+# External calendars: the source URL, the validators the server sent, the last error shown to the owner.
+URL_CHARS = 2048
+VALIDATOR_CHARS = 1024
+STATUS_CHARS = 16
+ERROR_CHARS = 1024
+DEFAULT_SYNC_INTERVAL_MINUTES = 60
 
 calendars = Table(
     "calendars",
@@ -43,4 +52,28 @@ events = Table(
     Column("end_at", DateTime, nullable=False),
     Column("description", Text, nullable=True),
     UniqueConstraint("calendar_key", "uid"),
+)
+
+# One row per external (subscribed) calendar: the calendar itself is a row of `calendars` like any
+# other, so listing, events, export and delete work on it unchanged.
+external_sources = Table(
+    "calendar_external_sources",
+    metadata,
+    Column(
+        "calendar_key",
+        String(KEY_CHARS),
+        ForeignKey("calendars.key", ondelete="CASCADE"),
+        primary_key=True,
+    ),
+    Column("url", String(URL_CHARS), nullable=False),
+    Column(
+        "sync_interval_minutes", Integer, nullable=False,
+        server_default=text(str(DEFAULT_SYNC_INTERVAL_MINUTES)),
+    ),
+    Column("last_sync_at", DateTime, nullable=True),
+    # "synced", "unchanged" or "error"; NULL until the first sync.
+    Column("last_status", String(STATUS_CHARS), nullable=True),
+    Column("last_error", String(ERROR_CHARS), nullable=True),
+    Column("etag", String(VALIDATOR_CHARS), nullable=True),
+    Column("last_modified", String(VALIDATOR_CHARS), nullable=True),
 )

@@ -1,0 +1,95 @@
+"""Workers of the periodic sync: calendar.sync.external.auto (the sweep) and its finalizer."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+from agent_async import Job, RunStatus, RunTrigger, agent_job
+from app.module.calendar.repository import CalendarRepository
+from app.module.calendar.requests import JobRequestSyncExternal
+from app.module.calendar.sweep_requests import (
+    SWEEP_MAX_CALENDARS,
+    SWEEP_MAX_IN_FLIGHT,
+    SWEEP_RUN_KIND,
+    JobRequestSyncExternalAuto,
+    JobRequestSyncExternalDone,
+)
+from app.runtime import current_runtime
+
+__all__ = ["JobSyncExternalAuto", "JobSyncExternalDone"]
+
+logger = logging.getLogger(__name__)
+
+
+@agent_job
+class JobSyncExternalAuto(Job[JobRequestSyncExternalAuto]):
+    request_class = JobRequestSyncExternalAuto
+
+    async def process(
+        self, request: JobRequestSyncExternalAuto, *, user_uid: str | None, job_id: str
+    ) -> dict[str, Any]:
+        runtime = current_runtime()
+        runs = runtime.agent.runs
+        started = datetime.now(UTC).replace(microsecond=0)
+        trigger = RunTrigger.SCHEDULED if "@" in job_id else RunTrigger.MANUAL
+        record = await runs.start(SWEEP_RUN_KIND, triggered_by=trigger, user_uid=user_uid, job_id=job_id)
+        try:
+            due = await CalendarRepository(runtime.engine).due_external(started, limit=SWEEP_MAX_CALENDARS)
+            if not due:
+                await runs.finish(record.run_id, RunStatus.SUCCESS, counters=_counters(0, 0, 0, 0))
+                return {"run_id": record.run_id, "due": 0, "group_id": None}
+            # The children run without a user (this is a system job): each carries the owner its
+            # calendar must still have, checked before anything is fetched.
+            children = [JobRequestSyncExternal(calendar_key=key, owner_uid=owner) for key, owner in due]
+            finalizer = JobRequestSyncExternalDone(
+                run_id=record.run_id, started_at=started.isoformat(), calendar_keys=[key for key, _ in due]
+            )
+            group_id = await self.resources.groups.create(children, finalizer, max_in_flight=SWEEP_MAX_IN_FLIGHT)
+            await runs.heartbeat(record.run_id, counters=_counters(len(due), 0, 0, 0))
+        except BaseException as exc:
+            await runs.finish(record.run_id, RunStatus.ERROR, error=f"{type(exc).__name__}: {exc}"[:500])
+            raise
+        logger.info("job %s: %d external calendars due, group %s", job_id, len(due), group_id)
+        return {"run_id": record.run_id, "due": len(due), "group_id": group_id}
+
+
+def _counters(due: int, synced: int, unchanged: int, failed: int) -> dict[str, int]:
+    return {"due": due, "synced": synced, "unchanged": unchanged, "failed": failed}
+
+
+@agent_job
+class JobSyncExternalDone(Job[JobRequestSyncExternalDone]):
+    request_class = JobRequestSyncExternalDone
+
+    async def process(
+        self, request: JobRequestSyncExternalDone, *, user_uid: str | None, job_id: str
+    ) -> dict[str, Any]:
+        runtime = current_runtime()
+        since = datetime.fromisoformat(request.started_at)
+        statuses = await CalendarRepository(runtime.engine).sync_statuses(request.calendar_keys)
+        synced = unchanged = 0
+        failed: list[str] = []
+        for key in request.calendar_keys:
+            status, at = statuses.get(key, (None, None))
+            fresh = at is not None and at >= since
+            if fresh and status == "synced":
+                synced += 1
+            elif fresh and status == "unchanged":
+                unchanged += 1
+            else:
+                failed.append(key)  # an error, a calendar gone meanwhile, or a child that never ran
+        total = len(request.calendar_keys)
+        if not failed:
+            final, error = RunStatus.SUCCESS, None
+        elif len(failed) < total:
+            final, error = RunStatus.PARTIAL, None
+        else:
+            final, error = RunStatus.ERROR, f"all {total} syncs failed"
+        counters = _counters(total, synced, unchanged, len(failed))
+        await runtime.agent.runs.finish(request.run_id, final, counters=counters, error=error, failed_ids=failed)
+        view = await self.resources.groups.get(request.group_id)
+        return {"run_id": request.run_id, "status": final.value, **counters,
+                "group": None if view is None else {"succeeded": view.succeeded, "failed": view.failed,
+                                                    "canceled": view.canceled}}
