@@ -2,6 +2,7 @@
 
 from agent_async.agent import Agent
 from agent_async.client import ClientAgent
+from agent_async.engine import QueueStats
 from agent_async.errors import (
     ERROR_JOB_CONCURRENT_LIMIT,
     ERROR_JOB_PAYLOAD_INVALID,
@@ -33,6 +34,7 @@ from agent_async.runs import RunRecord, RunRecords, RunStatus, RunTrigger
 from agent_async.settings import AgentSettings
 from agent_async.state import JobState
 from agent_async.store.events import EventType, JobEvent
+from agent_async.store.workers import WorkerInfo
 from agent_async.worker.child import ChildProcessLost, run_in_child
 from agent_async.worker.progress import report_progress
 
@@ -70,6 +72,7 @@ __all__ = [
     "JobResources",
     "JobState",
     "JobStatus",
+    "QueueStats",
     "QueueUnavailableError",
     "RequestCode",
     "RequestException",
@@ -82,6 +85,7 @@ __all__ = [
     "StorageError",
     "StorageIntegrityError",
     "StorageUnavailableError",
+    "WorkerInfo",
     "agent_job",
     "init_jobs",
     "registry",
