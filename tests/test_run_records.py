@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
 import pytest
 from alembic import command
@@ -33,12 +32,8 @@ from agent_async.storage.engine import create_engine
 from agent_async.storage.migrate import alembic_config
 from agent_async.storage.schema import VERSION_TABLE, metadata
 from agent_async.storage.testing import scratch_database
+from tests.databases import BACKENDS, scratch_server_database, server_url, unreachable
 
-BACKENDS = ("sqlite", "postgresql", "mariadb")
-SERVER_URLS = {
-    "postgresql": ("AGENT_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"),
-    "mariadb": ("AGENT_TEST_MARIADB_URL", "mysql+aiomysql://root@127.0.0.1:3306/test"),
-}
 INDEXES = {
     "ix_agent_async_run_kind_started": ["namespace", "kind", "started_ms", "run_id"],
     "ix_agent_async_run_started": ["namespace", "started_ms", "run_id"],
@@ -66,18 +61,6 @@ class Clock:
 # -- databases: one throw-away migrated database per backend per session, as tests/storage does ----
 
 
-def _unreachable(backend: str, server_url: str, error: BaseException) -> NoReturn:
-    reason = f"{backend} unreachable at {make_url(server_url).render_as_string()}: {error!r}"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: real databases are required)")
-    pytest.skip(reason)
-
-
-def _server_url(backend: str) -> str:
-    var, default = SERVER_URLS[backend]
-    return os.environ.get(var, default)
-
-
 @pytest.fixture(scope="session")
 def runs_sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> URL:
     url = make_url(f"sqlite+aiosqlite:///{tmp_path_factory.mktemp('runs') / 'runs.db'}")
@@ -85,30 +68,14 @@ def runs_sqlite_url(tmp_path_factory: pytest.TempPathFactory) -> URL:
     return url
 
 
-def _session_server_database(backend: str) -> Iterator[URL]:
-    server_url = _server_url(backend)
-    runner = asyncio.Runner()
-    manager = scratch_database(server_url)
-    try:
-        url = runner.run(manager.__aenter__())
-    except Exception as error:
-        runner.close()
-        _unreachable(backend, server_url, error)
-    try:
-        yield url
-    finally:
-        runner.run(manager.__aexit__(None, None, None))
-        runner.close()
-
-
 @pytest.fixture(scope="session")
 def runs_postgresql_url() -> Iterator[URL]:
-    yield from _session_server_database("postgresql")
+    yield from scratch_server_database("postgresql")
 
 
 @pytest.fixture(scope="session")
 def runs_mariadb_url() -> Iterator[URL]:
-    yield from _session_server_database("mariadb")
+    yield from scratch_server_database("mariadb")
 
 
 @pytest.fixture(params=BACKENDS)
@@ -572,12 +539,12 @@ async def fresh_database(backend: str, tmp_path: Path) -> AsyncIterator[URL]:
     if backend == "sqlite":
         yield make_url(f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}")
         return
-    server_url = _server_url(backend)
-    manager = scratch_database(server_url, migrate=False)
+    url_of_server = server_url(backend)
+    manager = scratch_database(url_of_server, migrate=False)
     try:
         url = await manager.__aenter__()
     except Exception as error:
-        _unreachable(backend, server_url, error)
+        unreachable(backend, url_of_server, error)
     try:
         yield url
     finally:

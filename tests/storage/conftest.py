@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
@@ -15,13 +13,8 @@ from sqlalchemy.ext.asyncio import create_async_engine
 from sqlalchemy.pool import NullPool
 
 from agent_async.storage import ClientStorageDatabase, upgrade
-from agent_async.storage.testing import scratch_database
+from tests.databases import BACKENDS, scratch_server_database
 
-BACKENDS = ("sqlite", "postgresql", "mariadb")
-SERVER_URLS = {
-    "postgresql": ("AGENT_TEST_POSTGRES_URL", "postgresql+asyncpg://postgres@127.0.0.1:5432/test"),
-    "mariadb": ("AGENT_TEST_MARIADB_URL", "mysql+aiomysql://root@127.0.0.1:3306/test"),
-}
 # Small chunks make multi-chunk blobs cheap; the default (1 MiB) is exercised by the benchmark.
 TEST_CHUNK_BYTES = 64 * 1024
 
@@ -32,26 +25,6 @@ RunSql = Callable[..., Awaitable[list[Any]]]
 def unique_source() -> str:
     """A source tag no other test uses, so every test owns its own rows."""
     return f"t-{uuid.uuid4().hex[:16]}"
-
-
-def _scratch_server_database(backend: str) -> Iterator[URL]:
-    var, default = SERVER_URLS[backend]
-    server_url = os.environ.get(var, default)
-    runner = asyncio.Runner()
-    manager = scratch_database(server_url)
-    try:
-        url = runner.run(manager.__aenter__())
-    except Exception as error:
-        runner.close()
-        reason = f"{backend} unreachable at {make_url(server_url).render_as_string()}: {error!r}"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{reason} (CI=true: real databases are required)")
-        pytest.skip(reason)
-    try:
-        yield url
-    finally:
-        runner.run(manager.__aexit__(None, None, None))
-        runner.close()
 
 
 @pytest.fixture(scope="session")
@@ -66,13 +39,13 @@ def sqlite_database(tmp_path_factory: pytest.TempPathFactory) -> URL:
 @pytest.fixture(scope="session")
 def postgresql_database() -> Iterator[URL]:
     """A fresh `agent_async_t_<random>` database on the PostgreSQL server, migrated, dropped at the end."""
-    yield from _scratch_server_database("postgresql")
+    yield from scratch_server_database("postgresql")
 
 
 @pytest.fixture(scope="session")
 def mariadb_database() -> Iterator[URL]:
     """A fresh `agent_async_t_<random>` database on the MariaDB server, migrated, dropped at the end."""
-    yield from _scratch_server_database("mariadb")
+    yield from scratch_server_database("mariadb")
 
 
 @pytest.fixture(params=BACKENDS)
