@@ -93,6 +93,7 @@ def create_app(settings: AppSettings | None = None) -> Quart:
 
     app.register_blueprint(jobs_api.blueprint)
     app.register_blueprint(calendar_api.blueprint)
+    app.register_blueprint(calendar_api.admin_blueprint)
     app.register_blueprint(admin_api.blueprint)
     register_error_handlers(app)
     return app

@@ -21,6 +21,8 @@ DEFAULT_FETCH_MAX_BYTES = 5 * 1024 * 1024
 DEFAULT_ICS_MIN_INTERVAL_S = 1.0
 DEFAULT_ICS_FAILURE_THRESHOLD = 5
 DEFAULT_ICS_COOLDOWN_S = 60.0
+# Syncs of one periodic sweep running at the same time (the group's window), across all workers.
+DEFAULT_ICS_SWEEP_MAX_IN_FLIGHT = 10
 # Where the app's job modules live (app/module/<module>/jobs/*.py). The library's own default is
 # empty (it names no application); the app fills it in unless AGENT_JOB_PACKAGES names others.
 APP_JOB_PACKAGES = ("app.module",)
@@ -49,6 +51,7 @@ class AppSettings:
     ics_min_interval_s: float = DEFAULT_ICS_MIN_INTERVAL_S
     ics_failure_threshold: int = DEFAULT_ICS_FAILURE_THRESHOLD
     ics_cooldown_s: float = DEFAULT_ICS_COOLDOWN_S
+    ics_sweep_max_in_flight: int = DEFAULT_ICS_SWEEP_MAX_IN_FLIGHT
 
     ENV = {
         "secret_key": "AGENT_SECRET_KEY",
@@ -62,6 +65,7 @@ class AppSettings:
         "ics_min_interval_s": "AGENT_ICS_MIN_INTERVAL_SECONDS",
         "ics_failure_threshold": "AGENT_ICS_FAILURE_THRESHOLD",
         "ics_cooldown_s": "AGENT_ICS_COOLDOWN_SECONDS",
+        "ics_sweep_max_in_flight": "AGENT_ICS_SWEEP_MAX_IN_FLIGHT",
     }
 
     def __post_init__(self) -> None:
@@ -100,6 +104,10 @@ class AppSettings:
             raise ConfigurationError(
                 f"invalid setting AGENT_ICS_FAILURE_THRESHOLD={self.ics_failure_threshold}: must be >= 1"
             )
+        if not 1 <= self.ics_sweep_max_in_flight <= 1000:
+            raise ConfigurationError(
+                f"invalid setting AGENT_ICS_SWEEP_MAX_IN_FLIGHT={self.ics_sweep_max_in_flight}: must be 1 to 1000"
+            )
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AppSettings:
@@ -120,6 +128,9 @@ class AppSettings:
             ics_min_interval_s=_float(env, cls.ENV["ics_min_interval_s"], DEFAULT_ICS_MIN_INTERVAL_S),
             ics_failure_threshold=_int(env, cls.ENV["ics_failure_threshold"], DEFAULT_ICS_FAILURE_THRESHOLD),
             ics_cooldown_s=_float(env, cls.ENV["ics_cooldown_s"], DEFAULT_ICS_COOLDOWN_S),
+            ics_sweep_max_in_flight=_int(
+                env, cls.ENV["ics_sweep_max_in_flight"], DEFAULT_ICS_SWEEP_MAX_IN_FLIGHT
+            ),
         )
 
     def require_secret(self) -> str:

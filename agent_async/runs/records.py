@@ -253,12 +253,17 @@ class RunRecords:
             logger.warning("%d run record(s) of %s ended as %r", marked, kind, STALE_ERROR)
         return record
 
-    async def heartbeat(self, run_id: str, *, counters: dict[str, Any] | None = None) -> bool:
-        """Keep a running run fresh (and replace its counters, if given). False when the run has
-        already ended (cancelled, or marked stale): the worker may stop. RunNotFoundError if unknown."""
+    async def heartbeat(
+        self, run_id: str, *, counters: dict[str, Any] | None = None, group_id: str | None = None,
+    ) -> bool:
+        """Keep a running run fresh (and replace its counters, or record the group it fanned out to,
+        if given). False when the run has already ended (cancelled, or marked stale): the worker may
+        stop. RunNotFoundError if unknown."""
         values: dict[str, Any] = {"heartbeat_ms": self._now_ms()}
         if counters is not None:
             values["counters"] = _counters(counters)
+        if group_id is not None:
+            values["group_id"] = _name("group_id", group_id, tables.GROUP_ID_CHARS)
         this = self._this(self._known(run_id))
 
         async def work(conn: AsyncConnection) -> bool:

@@ -37,6 +37,8 @@ class RunStatus(StrEnum):
     PARTIAL = "partial"
     ERROR = "error"
     CANCELLED = "cancelled"
+    # Not run: another run of its kind was still going (the record says which, in `error`).
+    SKIPPED = "skipped"
 
 
 TERMINAL_RUN_STATUSES = frozenset(status for status in RunStatus if status is not RunStatus.RUNNING)

@@ -294,6 +294,63 @@ class WorkerList(BaseModel):
     workers: list[WorkerOut]
 
 
+RunStatusName = Literal["running", "success", "partial", "error", "cancelled", "skipped"]
+
+
+class RunsQuery(_Strict):
+    """Filters and page of `GET /admin/runs`: kind, status, page size, `before` = the last page's `next`."""
+
+    model_config = ConfigDict(json_schema_extra=optional_parameters)
+
+    kind: str | None = Field(default=None, min_length=1, max_length=255)
+    status: RunStatusName | None = None
+    limit: int = Field(default=50, ge=1, le=MAX_PAGE_LIMIT)
+    before: str | None = Field(default=None, pattern=r"^[0-9]{1,16}:[0-9a-f]{32}$")
+
+
+class RunOut(BaseModel):
+    """A run record (`agent_async.runs`): who started it, how it went, how it ended."""
+
+    run_id: str
+    kind: str
+    triggered_by: Literal["scheduled", "manual"]
+    user_uid: str | None
+    status: RunStatusName
+    counters: dict[str, Any]
+    error: str | None
+    failed_ids: list[str]
+    job_id: str | None
+    group_id: str | None
+    started_at: datetime
+    finished_at: datetime | None
+    heartbeat_at: datetime
+    duration_s: float | None
+
+
+class RunList(BaseModel):
+    runs: list[RunOut]
+    next: str | None  # pass as `before` for the next (older) page; null on the last page
+
+
+class GuardOut(BaseModel):
+    """A guarded outside connection (`ConnectionGuard`), read on Redis's clock."""
+
+    name: str
+    state: Literal["closed", "open", "half-open"]
+    failures: int
+    cooldown_until: datetime | None
+    retry_after_s: float
+    trial_in_flight_until: datetime | None
+    next_slot_at: datetime | None
+    last_error: str | None
+    last_error_at: datetime | None
+    observed_at: datetime
+
+
+class GuardList(BaseModel):
+    guards: list[GuardOut]
+
+
 class JobListItem(BaseModel):
     job_id: str
     job: JobPublic

@@ -20,7 +20,7 @@ import pytest
 from redis.asyncio import Redis
 from sqlalchemy import text
 
-from agent_async import ConfigurationError, JobStatus, RunStatus
+from agent_async import ConfigurationError, JobStatus, RunStatus, RunTrigger
 from app.factory import create_app
 from app.module.calendar.fetch import (
     FetchErrorKind,
@@ -30,7 +30,12 @@ from app.module.calendar.fetch import (
     address_refusal,
     fetch_ics,
 )
-from app.module.calendar.sweep_requests import SWEEP_RUN_KIND, JobRequestSyncExternalAuto
+from app.module.calendar.requests import JobRequestSyncExternal
+from app.module.calendar.sweep_requests import (
+    SWEEP_RUN_KIND,
+    JobRequestSyncExternalAuto,
+    JobRequestSyncExternalDone,
+)
 from app.runtime import EXTENSION_KEY
 from app.settings import AppSettings
 from tests.app.conftest import Api, ics_with_events, make_settings
@@ -395,6 +400,21 @@ async def test_the_guard_cools_a_host_down_for_every_calendar_on_it(
     assert synced.status is JobStatus.SUCCESS, synced.error
     assert len(upstream.hits("/ok.ics")) == 1
 
+    # What an operator sees, and the reset that lets the host be tried again at once.
+    root = ext_api.headers("root", admin=True)
+    assert (await ext_api.client.get("/admin/guards", headers=ext_api.headers(user))).status_code == 403
+    guards = (await (await ext_api.client.get("/admin/guards", headers=root)).get_json())["guards"]
+    listed = {g["name"]: g for g in guards}
+    host = listed["ics:127.0.0.1"]
+    assert host["state"] == "open" and host["failures"] == 2 and host["retry_after_s"] > 30
+    assert host["last_error"] and host["cooldown_until"] > host["observed_at"]
+    response = await ext_api.client.post("/admin/guards/ics:127.0.0.1/reset", headers=root)
+    assert response.status_code == 200
+    reset = await response.get_json()
+    assert reset["state"] == "closed" and reset["failures"] == 0 and reset["cooldown_until"] is None
+    assert (await sync(ext_api, other_user, same_host)).status is JobStatus.SUCCESS
+    assert (await ext_api.client.post("/admin/guards/x/reset", headers=ext_api.headers(user))).status_code == 403
+
 
 # --- revalidation in the worker -------------------------------------------------------------------------------
 
@@ -485,12 +505,16 @@ async def test_the_transport_connects_to_the_checked_address_keeping_host_and_sn
 
 
 def test_the_fetch_settings_are_read_from_the_environment() -> None:
-    env = {"AGENT_FETCH_ALLOW_HOSTS": " 127.0.0.1, Feeds.LAN ,", "AGENT_ICS_COOLDOWN_SECONDS": "5"}
+    env = {"AGENT_FETCH_ALLOW_HOSTS": " 127.0.0.1, Feeds.LAN ,", "AGENT_ICS_COOLDOWN_SECONDS": "5",
+           "AGENT_ICS_SWEEP_MAX_IN_FLIGHT": "3"}
     settings = AppSettings.from_env(env)
     assert settings.fetch_allow_hosts == ("127.0.0.1", "feeds.lan") and settings.ics_cooldown_s == 5.0
+    assert settings.ics_sweep_max_in_flight == 3
     assert AppSettings.from_env({}).fetch_allow_hosts == ()
+    assert AppSettings.from_env({}).ics_sweep_max_in_flight == 10
     for bad in ({"AGENT_FETCH_TIMEOUT_SECONDS": "0"}, {"AGENT_ICS_FAILURE_THRESHOLD": "0"},
-                {"AGENT_FETCH_MAX_BYTES": "10"}, {"AGENT_ICS_MIN_INTERVAL_SECONDS": "soon"}):
+                {"AGENT_FETCH_MAX_BYTES": "10"}, {"AGENT_ICS_MIN_INTERVAL_SECONDS": "soon"},
+                {"AGENT_ICS_SWEEP_MAX_IN_FLIGHT": "0"}, {"AGENT_ICS_SWEEP_MAX_IN_FLIGHT": "many"}):
         with pytest.raises(ConfigurationError, match=next(iter(bad))):
             AppSettings.from_env(bad)
 
@@ -544,6 +568,91 @@ async def test_the_sweep_fans_out_due_calendars_and_records_the_run(
     record = await ext_api.runtime.agent.runs.get(empty["run_id"])
     assert record is not None and record.status is RunStatus.SUCCESS
     assert record.counters == {"due": 0, "synced": 0, "unchanged": 0, "failed": 0}
+
+
+async def test_a_sweep_is_skipped_and_recorded_while_the_previous_one_runs(ext_api: Api) -> None:
+    runs = ext_api.runtime.agent.runs
+    going = await runs.start(SWEEP_RUN_KIND, triggered_by=RunTrigger.SCHEDULED)  # its group still running
+    result = await _sweep(ext_api)
+    assert result["skipped_for"] == going.run_id and result["group_id"] is None
+    skipped = await runs.get(result["run_id"])
+    assert skipped is not None and skipped.status is RunStatus.SKIPPED
+    assert skipped.error is not None and going.run_id in skipped.error
+    assert (await runs.get(going.run_id)).status is RunStatus.RUNNING  # type: ignore[union-attr]
+    await runs.finish(going.run_id, RunStatus.SUCCESS)
+    after = await _sweep(ext_api)
+    assert "skipped_for" not in after
+    assert (await runs.get(after["run_id"])).status is RunStatus.SUCCESS  # type: ignore[union-attr]
+
+
+async def test_an_admin_starts_a_sweep_and_reads_the_runs(ext_api: Api, user: str) -> None:
+    root = ext_api.headers("root", admin=True)
+    assert (await ext_api.client.post("/admin/sync/external", headers=ext_api.headers(user))).status_code == 403
+    response = await ext_api.client.post("/admin/sync/external", headers=root)
+    assert response.status_code == 202
+    job_id = (await response.get_json())["job_id"]
+    # One sweep job at a time, whoever asks: the scheduled ticks share the gate.
+    again = await ext_api.client.post("/admin/sync/external", headers=root)
+    assert again.status_code == 409 and (await again.get_json())["error"] == "job_concurrent_limit"
+    await ext_api.drain()
+    assert (await ext_api.state(job_id)).status is JobStatus.SUCCESS
+    await _sweep(ext_api)  # a scheduled-style one (no requester)
+
+    response = await ext_api.client.get(f"/admin/runs?kind={SWEEP_RUN_KIND}&limit=1", headers=root)
+    assert response.status_code == 200
+    first = await response.get_json()
+    assert len(first["runs"]) == 1 and first["next"]
+    newest = first["runs"][0]
+    assert newest["triggered_by"] == "scheduled" and newest["user_uid"] is None
+    assert newest["status"] == "success" and newest["duration_s"] >= 0
+    second = await (await ext_api.client.get(
+        f"/admin/runs?kind={SWEEP_RUN_KIND}&limit=1&before={first['next']}", headers=root
+    )).get_json()
+    manual = second["runs"][0]
+    assert manual["triggered_by"] == "manual" and manual["user_uid"] == "root" and manual["job_id"] == job_id
+    assert second["next"] is None
+    one = await ext_api.client.get(f"/admin/runs/{manual['run_id']}", headers=root)
+    assert (await one.get_json()) == manual
+    filtered = await (await ext_api.client.get("/admin/runs?status=partial", headers=root)).get_json()
+    assert filtered == {"runs": [], "next": None}
+    for query in ("status=done", "limit=0", "limit=101", "before=junk", "kind=", "color=red"):
+        bad = await ext_api.client.get(f"/admin/runs?{query}", headers=root)
+        assert bad.status_code == 422, query
+    assert (await ext_api.client.get("/admin/runs", headers=ext_api.headers(user))).status_code == 403
+    assert (await ext_api.client.get(f"/admin/runs/{'0' * 32}", headers=root)).status_code == 404
+    assert (await ext_api.client.get("/admin/runs/not-an-id", headers=root)).status_code == 404
+
+
+async def test_an_admin_cancels_a_running_sweep_and_its_group(
+    ext_api: Api, upstream: Upstream, user: str
+) -> None:
+    upstream.routes["/queued.ics"] = ics(ics_with_events(1))
+    keys = [(await subscribe(ext_api, user, upstream.url("/queued.ics")))["key"] for _ in range(3)]
+    runs, client = ext_api.runtime.agent.runs, ext_api.runtime.client
+    # A sweep as its job leaves it: the run recorded, the group created, no child run yet.
+    record = await runs.start(SWEEP_RUN_KIND, triggered_by=RunTrigger.SCHEDULED)
+    children = [JobRequestSyncExternal(calendar_key=key, owner_uid=user) for key in keys]
+    finalizer = JobRequestSyncExternalDone(run_id=record.run_id, started_at=datetime.now(UTC).isoformat(),
+                                           calendar_keys=keys)
+    group_id = await client.enqueue_group(children, finalizer, max_in_flight=1)
+    await runs.heartbeat(record.run_id, group_id=group_id)
+
+    root = ext_api.headers("root", admin=True)
+    assert (await ext_api.client.post(f"/admin/runs/{record.run_id}/cancel",
+                                      headers=ext_api.headers(user))).status_code == 403
+    response = await ext_api.client.post(f"/admin/runs/{record.run_id}/cancel", headers=root)
+    assert response.status_code == 200
+    cancelled = await response.get_json()
+    assert cancelled["status"] == "cancelled" and cancelled["error"] == "cancelled by root"
+    assert cancelled["group_id"] == group_id
+    again = await ext_api.client.post(f"/admin/runs/{record.run_id}/cancel", headers=root)
+    assert again.status_code == 409 and (await again.get_json())["error"] == "run_not_running"
+
+    await ext_api.drain()  # the finalizer still runs; the run keeps its first outcome
+    view = await client.get_group(group_id)
+    assert view is not None and view.canceled == 3 and view.succeeded == 0
+    assert upstream.hits("/queued.ics") == []
+    assert (await runs.get(record.run_id)).status is RunStatus.CANCELLED  # type: ignore[union-attr]
 
 
 async def test_the_sweep_is_a_schedule_every_five_minutes(api: Api) -> None:

@@ -65,6 +65,12 @@ EXPECTED: dict[tuple[str, str], set[int]] = {
     ("PATCH", "/admin/schedules/{name}"): {200, 403, 404} | JSON_BODY | COMMON,
     ("GET", "/admin/events"): {200, 403, 422} | COMMON,
     ("GET", "/admin/workers"): {200, 403} | COMMON,
+    ("GET", "/admin/runs"): {200, 403, 422} | COMMON,
+    ("GET", "/admin/runs/{run_id}"): {200, 403, 404} | COMMON,
+    ("POST", "/admin/runs/{run_id}/cancel"): {200, 403, 404, 409} | COMMON,
+    ("GET", "/admin/guards"): {200, 403} | COMMON,
+    ("POST", "/admin/guards/{name}/reset"): {200, 403, 404} | COMMON,
+    ("POST", "/admin/sync/external"): {202, 403, 409} | COMMON,
 }
 
 # A rule's converters written out, independently of quart-schema's own regex (which once read
@@ -256,7 +262,7 @@ def test_bodies_and_query_strings_document_their_refusals(document: dict[str, An
         if any(parameter["in"] == "query" for parameter in operation.get("parameters", [])):
             assert 422 in statuses, (method, path)
         if method in ("POST", "PATCH", "PUT") and not content:
-            no_body = ("/export", "/cancel", "/sync")
+            no_body = ("/export", "/cancel", "/sync", "/reset", "/sync/external")
             assert method == "POST" and path.endswith(no_body), f"{method} {path} declares no body"
 
 

@@ -1,26 +1,40 @@
 """The /admin blueprint: every schedule (disable it or replace its cron at runtime), every job's
-events as they happen, the live workers."""
+events as they happen, the live workers, the run records (cancel a running one), the guarded
+outside connections (reset a cooldown)."""
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from quart import Blueprint, Response, jsonify, request
 from quart_schema import document_request, document_response, tag, validate_headers, validate_querystring
 
-from agent_async import JobStatus
+from agent_async import GuardState, JobStatus, RunRecord, RunStatus
 from agent_async.schedules.cron import cron_problem
 from agent_async.schedules.scheduler import Scheduler, ScheduleView
 from agent_async.store.workers import WorkerInfo
 from app.api.context import current_principal, runtime
 from app.api.openapi import document_errors, document_plain_response
-from app.api.schemas import EventsQuery, ScheduleList, SchedulePatch, WorkerList
+from app.api.schemas import (
+    EventsQuery,
+    GuardList,
+    GuardOut,
+    RunList,
+    RunOut,
+    RunsQuery,
+    ScheduleList,
+    SchedulePatch,
+    WorkerList,
+)
 from app.api.schemas import ScheduleView as ScheduleViewOut
 from app.api.sse import SSE_CONTENT, SSE_HEADERS, SseHeaders, admin_stream, heartbeat_seconds, sse_response
 from app.errors import ApiError
 
 __all__ = ["blueprint"]
+
+logger = logging.getLogger(__name__)
 
 blueprint = Blueprint("admin", __name__, url_prefix="/admin")
 
@@ -99,6 +113,119 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 def _iso(ms: int) -> str:
     return (_EPOCH + timedelta(milliseconds=ms)).isoformat()
+
+
+def _iso_or_none(ms: int | None) -> str | None:
+    return None if ms is None else _iso(ms)
+
+
+@blueprint.get("/runs")
+@tag(["admin"])
+@validate_querystring(RunsQuery)
+@document_response(RunList)
+@document_errors(
+    403, 422, 503,
+    descriptions={
+        **_FORBIDDEN,
+        422: "`invalid_body`: an unknown query parameter, a `status` that is no run status, a `limit` "
+             "outside 1-100 or a `before` that is not a page's `next`.",
+    },
+)
+async def list_runs(query_args: RunsQuery) -> Response:
+    """Run records newest first, filtered by `kind` and `status`; `before=<next>` gives the next page."""
+    _require_admin()
+    status = None if query_args.status is None else RunStatus(query_args.status)
+    # One more than asked: whether a next page exists, without a count query.
+    found = await runtime().agent.runs.list(
+        kind=query_args.kind, status=status, limit=query_args.limit + 1, before=query_args.before,
+    )
+    page = found[: query_args.limit]
+    more = len(found) > query_args.limit
+    return jsonify({"runs": [_run_json(run) for run in page], "next": page[-1].cursor if more else None})
+
+
+@blueprint.get("/runs/<run_id>")
+@tag(["admin"])
+@document_response(RunOut)
+@document_errors(403, 404, 503, descriptions={**_FORBIDDEN, 404: "`run_not_found`."})
+async def get_run(run_id: str) -> Response:
+    """One run record."""
+    _require_admin()
+    return jsonify(_run_json(await _run(run_id)))
+
+
+@blueprint.post("/runs/<run_id>/cancel")
+@tag(["admin"])
+@document_response(RunOut)
+@document_errors(
+    403, 404, 409, 503,
+    descriptions={**_FORBIDDEN, 404: "`run_not_found`.", 409: "`run_not_running`: the run has already ended."},
+)
+async def cancel_run(run_id: str) -> Response:
+    """Cancel a running run: its group (queued and waiting items canceled, running ones stopped),
+    then its job, and record the run `cancelled` with who asked."""
+    _require_admin()
+    run = await _run(run_id)
+    if run.status is not RunStatus.RUNNING:
+        raise ApiError(409, "run_not_running", f"the run has already ended ({run.status.value})")
+    client = runtime().client
+    if run.group_id is not None:
+        await client.cancel_group(run.group_id)
+    if run.job_id is not None:
+        await client.cancel(run.job_id)
+    ended = await runtime().agent.runs.cancel(run.run_id, reason=f"cancelled by {current_principal().uid}")
+    return jsonify(_run_json(ended))
+
+
+async def _run(run_id: str) -> RunRecord:
+    found = await runtime().agent.runs.get(run_id)
+    if found is None:
+        raise ApiError(404, "run_not_found", "no such run")
+    return found
+
+
+def _run_json(run: RunRecord) -> dict[str, Any]:
+    duration_s = None if run.finished_ms is None else (run.finished_ms - run.started_ms) / 1000
+    return {**run.to_dict(), "duration_s": duration_s}
+
+
+@blueprint.get("/guards")
+@tag(["admin"])
+@document_response(GuardList)
+@document_errors(403, 503, descriptions=_FORBIDDEN)
+async def list_guards() -> Response:
+    """Every guarded outside connection with a recorded state, most recently used first: circuit
+    (closed / open / half-open), failures in a row, cooldown, trial in flight, pacing, last error."""
+    _require_admin()
+    return jsonify({"guards": [_guard_json(state) for state in await runtime().ics_guard.states()]})
+
+
+@blueprint.post("/guards/<path:name>/reset")
+@tag(["admin"])
+@document_response(GuardOut)
+@document_errors(403, 404, 503, descriptions={**_FORBIDDEN, 404: "`guard_not_found`: not a connection name."})
+async def reset_guard(name: str) -> Response:
+    """Forget a connection's failures and cooldown (it starts again closed); logged with who asked."""
+    _require_admin()
+    if not 1 <= len(name) <= 255 or not name.isprintable():
+        raise ApiError(404, "guard_not_found", "no such connection")
+    logger.warning("connection %s: reset requested by %s", name, current_principal().uid)
+    return jsonify(_guard_json(await runtime().ics_guard.reset(name)))
+
+
+def _guard_json(state: GuardState) -> dict[str, Any]:
+    return {
+        "name": state.name,
+        "state": state.state.value,
+        "failures": state.failures,
+        "cooldown_until": _iso_or_none(state.cooldown_until_ms),
+        "retry_after_s": state.retry_after_s,
+        "trial_in_flight_until": _iso_or_none(state.trial_until_ms),
+        "next_slot_at": _iso_or_none(state.next_slot_ms),
+        "last_error": state.last_error,
+        "last_error_at": _iso_or_none(state.last_error_ms),
+        "observed_at": _iso(state.observed_ms),
+    }
 
 
 @blueprint.get("/schedules")

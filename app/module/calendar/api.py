@@ -24,6 +24,7 @@ from app.api.schemas import (
     JobAccepted,
     Page,
 )
+from app.errors import ApiError
 from app.module.calendar.external_schemas import (
     ExternalCalendarCreate,
     ExternalCalendarOut,
@@ -34,6 +35,7 @@ from app.module.calendar.fetch import FetchPolicy
 from app.module.calendar.model import Calendar, Event, ExternalSource
 from app.module.calendar.repository import CalendarRepository
 from app.module.calendar.service import ModuleCalendar, new_event_uid
+from app.module.calendar.sweep_requests import JobRequestSyncExternalAuto
 from app.module.calendar.uploads import FILE_FIELD, RAW_TYPES, read_upload
 
 __all__ = ["blueprint"]
@@ -308,4 +310,31 @@ async def patch_external(key: str, data: ExternalCalendarPatch) -> Response:
 async def sync_external(key: str, query_args: SyncQuery) -> Response:
     """Queue a sync of the external calendar now (`?force=true`: a full download, ignoring the ETag)."""
     job_id = await _module().sync(key, current_principal().uid, force=query_args.force)
+    return _status(jsonify({"job_id": job_id}), 202)
+
+
+# POST /admin/sync/external lives with the module whose job it starts (the admin module knows no
+# calendars); the app registers this blueprint beside the /admin one.
+admin_blueprint = Blueprint("calendar_admin", __name__, url_prefix="/admin")
+
+
+@admin_blueprint.post("/sync/external")
+@tag(["admin"])
+@document_response(JobAccepted, 202)
+@document_errors(
+    403, 409, 503,
+    descriptions={
+        403: "`forbidden`: the token is not an admin token.",
+        409: "`job_concurrent_limit`: a sweep job is queued or running already.",
+    },
+)
+async def sweep_external() -> Response:
+    """Start a sweep of every due external calendar now (the periodic sync's job), as the admin asking.
+
+    Its run record (`GET /admin/runs?kind=calendar.sync.external`) is `manual`, with the admin's uid;
+    it is `skipped` if the previous sweep's group is still running."""
+    principal = current_principal()
+    if not principal.admin:
+        raise ApiError(403, "forbidden", "an admin token is required")
+    job_id = await runtime().client.enqueue(JobRequestSyncExternalAuto(requested_by=principal.uid))
     return _status(jsonify({"job_id": job_id}), 202)

@@ -8,13 +8,12 @@ from typing import ClassVar
 from agent_async import GroupFinalizer, JobRequest
 from app.module.calendar.requests import _TRANSIENT
 
-__all__ = ["SWEEP_MAX_CALENDARS", "SWEEP_MAX_IN_FLIGHT", "SWEEP_RUN_KIND", "JobRequestSyncExternalAuto",
+__all__ = ["SWEEP_MAX_CALENDARS", "SWEEP_RUN_KIND", "JobRequestSyncExternalAuto",
            "JobRequestSyncExternalDone"]
 
 SWEEP_RUN_KIND = "calendar.sync.external"
 # Per tick: the longest-waiting due calendars first; the rest are due at the next tick.
 SWEEP_MAX_CALENDARS = 1000
-SWEEP_MAX_IN_FLIGHT = 10
 
 
 @dataclass
@@ -26,6 +25,10 @@ class JobRequestSyncExternalAuto(JobRequest):
     soft_timeout_seconds: ClassVar[float] = 120
     max_try: ClassVar[int] = 1
     max_concurrent: ClassVar[int] = 1
+
+    # The admin who asked for a manual sweep (POST /admin/sync/external); empty on a scheduled tick.
+    # Not the job's user: every sweep runs as the system so that they all share one gate.
+    requested_by: str = ""
 
 
 @dataclass

@@ -11,7 +11,6 @@ from app.module.calendar.repository import CalendarRepository
 from app.module.calendar.requests import JobRequestSyncExternal
 from app.module.calendar.sweep_requests import (
     SWEEP_MAX_CALENDARS,
-    SWEEP_MAX_IN_FLIGHT,
     SWEEP_RUN_KIND,
     JobRequestSyncExternalAuto,
     JobRequestSyncExternalDone,
@@ -33,8 +32,18 @@ class JobSyncExternalAuto(Job[JobRequestSyncExternalAuto]):
         runtime = current_runtime()
         runs = runtime.agent.runs
         started = datetime.now(UTC).replace(microsecond=0)
-        trigger = RunTrigger.SCHEDULED if "@" in job_id else RunTrigger.MANUAL
+        trigger = RunTrigger.MANUAL if request.requested_by else RunTrigger.SCHEDULED
+        user_uid = request.requested_by or user_uid
+        # A sweep's group outlives its job: the previous sweep is still going while its run is
+        # running (a run whose worker died is marked stale first, so it cannot block every sweep).
+        await runs.mark_stale(SWEEP_RUN_KIND)
+        going = await runs.list(kind=SWEEP_RUN_KIND, status=RunStatus.RUNNING, limit=1)
         record = await runs.start(SWEEP_RUN_KIND, triggered_by=trigger, user_uid=user_uid, job_id=job_id)
+        if going:
+            why = f"skipped: the previous sweep (run {going[0].run_id}) is still running"
+            await runs.finish(record.run_id, RunStatus.SKIPPED, counters=_counters(0, 0, 0, 0), error=why)
+            logger.info("job %s: %s", job_id, why)
+            return {"run_id": record.run_id, "skipped_for": going[0].run_id, "due": 0, "group_id": None}
         try:
             due = await CalendarRepository(runtime.engine).due_external(started, limit=SWEEP_MAX_CALENDARS)
             if not due:
@@ -46,8 +55,10 @@ class JobSyncExternalAuto(Job[JobRequestSyncExternalAuto]):
             finalizer = JobRequestSyncExternalDone(
                 run_id=record.run_id, started_at=started.isoformat(), calendar_keys=[key for key, _ in due]
             )
-            group_id = await self.resources.groups.create(children, finalizer, max_in_flight=SWEEP_MAX_IN_FLIGHT)
-            await runs.heartbeat(record.run_id, counters=_counters(len(due), 0, 0, 0))
+            group_id = await self.resources.groups.create(
+                children, finalizer, max_in_flight=runtime.settings.ics_sweep_max_in_flight
+            )
+            await runs.heartbeat(record.run_id, counters=_counters(len(due), 0, 0, 0), group_id=group_id)
         except BaseException as exc:
             await runs.finish(record.run_id, RunStatus.ERROR, error=f"{type(exc).__name__}: {exc}"[:500])
             raise
