@@ -85,7 +85,7 @@ def test_migrate_command_creates_both_schemas(tmp_path: Path, namespace: str) ->
         tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
         assert {"agent_async_blob", "agent_async_alembic_version", "calendars", "calendar_events",
                 APP_VERSION_TABLE} <= tables
-        assert conn.execute(f"SELECT version_num FROM {APP_VERSION_TABLE}").fetchall() == [("app_0002",)]
+        assert conn.execute(f"SELECT version_num FROM {APP_VERSION_TABLE}").fetchall() == [("app_0003",)]
 
 
 async def test_migrations_match_the_table_definitions(sqlite_url: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -30,6 +31,8 @@ from app.module.calendar.fetch import (
     address_refusal,
     fetch_ics,
 )
+from app.module.calendar.jobs.sync_external_auto import interleave_hosts
+from app.module.calendar.repository import CalendarRepository, DueCalendar
 from app.module.calendar.requests import JobRequestSyncExternal
 from app.module.calendar.sweep_requests import (
     SWEEP_RUN_KIND,
@@ -61,6 +64,7 @@ class Upstream:
     def __init__(self) -> None:
         self.routes: dict[str, Handler | list[Handler]] = {}
         self.seen: list[tuple[str, dict[str, str]]] = []
+        self.arrivals: list[tuple[float, str]] = []  # (time.monotonic(), Host header) of each request
         self._server: asyncio.Server | None = None
         self.port = 0
 
@@ -91,6 +95,7 @@ class Upstream:
                     name, _, value = line.partition(":")
                     headers[name.strip().lower()] = value.strip()
             self.seen.append((path, headers))
+            self.arrivals.append((time.monotonic(), headers.get("host", "")))
             route = self.routes.get(path)
             if route is None:
                 reply = Reply(404, b"not here")
@@ -293,6 +298,9 @@ async def test_sync_imports_then_304_changes_nothing_then_removals_follow_upstre
 
     first = await sync(ext_api, user, key)
     assert first.status is JobStatus.SUCCESS, first.error
+    assert first.result is not None
+    fetched_at = datetime.fromisoformat(first.result.pop("fetched_at"))
+    assert abs((datetime.now(UTC) - fetched_at).total_seconds()) < 30
     assert first.result == {"status": "synced", "imported": 3, "updated": 0, "skipped": 0, "removed": 0}
     view = await external(ext_api, user, key)
     assert view["last_status"] == "synced" and view["last_error"] is None and view["last_sync_at"]
@@ -308,16 +316,19 @@ async def test_sync_imports_then_304_changes_nothing_then_removals_follow_upstre
     # force=true: a full download without the validators; the same content changes nothing.
     forced = await sync(ext_api, user, key, "?force=true")
     assert "if-none-match" not in upstream.hits("/cal.ics")[-1]
+    assert forced.result is not None and forced.result.pop("fetched_at")
     assert forced.result == {"status": "synced", "imported": 0, "updated": 0, "skipped": 3, "removed": 0}
 
     # Upstream drops two events and changes one: the calendar follows.
     two = ics_with_events(1).replace("SUMMARY:Event 0", "SUMMARY:Renamed")
     upstream.routes["/cal.ics"] = ics(two, etag='"v2"')
     third = await sync(ext_api, user, key)
+    assert third.result is not None and third.result.pop("fetched_at")
     assert third.result == {"status": "synced", "imported": 0, "updated": 1, "skipped": 0, "removed": 2}
     assert await event_uids(ext_api, user, key) == ["evt-0@test"]
     # Idempotent: the same file again (forced past the 304) changes nothing.
     again = await sync(ext_api, user, key, "?force=true")
+    assert again.result is not None and again.result.pop("fetched_at")
     assert again.result == {"status": "synced", "imported": 0, "updated": 0, "skipped": 1, "removed": 0}
 
 
@@ -523,9 +534,13 @@ def test_the_fetch_settings_are_read_from_the_environment() -> None:
 
 
 async def _set_last_sync(api: Api, when: datetime, key: str | None = None) -> None:
-    statement = "UPDATE calendar_external_sources SET last_sync_at = :at" + (" WHERE calendar_key = :k" if key else "")
+    """As if the calendar(s) had last synced at `when` with the default interval (60 minutes)."""
+    statement = "UPDATE calendar_external_sources SET last_sync_at = :at, next_sync_at = :next" + (
+        " WHERE calendar_key = :k" if key else ""
+    )
+    at = when.astimezone(UTC).replace(tzinfo=None)
     async with api.runtime.engine.begin() as conn:
-        await conn.execute(text(statement), {"at": when.astimezone(UTC).replace(tzinfo=None), "k": key})
+        await conn.execute(text(statement), {"at": at, "next": at + timedelta(minutes=60), "k": key})
 
 
 async def _sweep(api: Api) -> dict[str, Any]:
@@ -570,7 +585,37 @@ async def test_the_sweep_fans_out_due_calendars_and_records_the_run(
     assert record.counters == {"due": 0, "synced": 0, "unchanged": 0, "failed": 0}
 
 
+async def test_due_calendars_come_from_the_index_longest_waiting_first(ext_api: Api, user: str) -> None:
+    repository = CalendarRepository(ext_api.runtime.engine)
+    keys = [(await subscribe(ext_api, user, f"http://127.0.0.1/{n}.ics"))["key"] for n in range(4)]
+    now = datetime.now(UTC)
+    await _set_last_sync(ext_api, now)  # every other calendar of the shared database: not due
+    await _set_last_sync(ext_api, now - timedelta(hours=3), keys[1])
+    await _set_last_sync(ext_api, now - timedelta(hours=2), keys[2])
+    async with ext_api.runtime.engine.begin() as conn:  # keys[3] never synced: due first
+        await conn.execute(text("UPDATE calendar_external_sources SET last_sync_at = NULL, next_sync_at = NULL"
+                                " WHERE calendar_key = :k"), {"k": keys[3]})
+    due = await repository.due_external(now, limit=10)
+    assert [c.key for c in due] == [keys[3], keys[1], keys[2]]
+    assert due[0].owner_uid == user and due[0].url == "http://127.0.0.1/3.ics"
+    assert [c.key for c in await repository.due_external(now, limit=2)] == [keys[3], keys[1]]
+    # A longer interval moves the next sync: keys[2] (synced 2 h ago) is not due with 180 minutes.
+    response = await ext_api.client.patch(f"/calendars/{keys[2]}/external", json={"sync_interval_minutes": 180},
+                                          headers=ext_api.headers(user))
+    assert response.status_code == 200
+    assert [c.key for c in await repository.due_external(now, limit=10)] == [keys[3], keys[1]]
+    await _set_last_sync(ext_api, now)  # leave nothing due for the next test on this database
+
+
+def test_the_sweep_takes_hosts_in_turn() -> None:
+    due = [DueCalendar(key=f"{host}{n}", owner_uid="u", url=f"https://{host}.example/{n}.ics")
+           for host, count in (("a", 3), ("b", 1), ("c", 2)) for n in range(count)]
+    assert [c.key for c in interleave_hosts(due)] == ["a0", "b0", "c0", "a1", "c1", "a2"]
+    assert interleave_hosts([]) == []
+
+
 async def test_a_sweep_is_skipped_and_recorded_while_the_previous_one_runs(ext_api: Api) -> None:
+    await _set_last_sync(ext_api, datetime.now(UTC))  # nothing due: the sweeps below fan out nothing
     runs = ext_api.runtime.agent.runs
     going = await runs.start(SWEEP_RUN_KIND, triggered_by=RunTrigger.SCHEDULED)  # its group still running
     result = await _sweep(ext_api)
@@ -586,6 +631,7 @@ async def test_a_sweep_is_skipped_and_recorded_while_the_previous_one_runs(ext_a
 
 
 async def test_an_admin_starts_a_sweep_and_reads_the_runs(ext_api: Api, user: str) -> None:
+    await _set_last_sync(ext_api, datetime.now(UTC))
     root = ext_api.headers("root", admin=True)
     assert (await ext_api.client.post("/admin/sync/external", headers=ext_api.headers(user))).status_code == 403
     response = await ext_api.client.post("/admin/sync/external", headers=root)

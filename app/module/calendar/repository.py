@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from sqlalchemy import delete, func, insert, select, update
+from sqlalchemy import case, delete, func, insert, or_, select, update
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Row
 from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, OperationalError
@@ -20,7 +20,7 @@ from app.db import from_db_time, to_db_time
 from app.module.calendar import tables
 from app.module.calendar.model import Calendar, Event, ExternalSource, ImportCounts, SyncCounts
 
-__all__ = ["CalendarRepository", "CalendarStorageError", "CalendarStorageUnavailableError"]
+__all__ = ["CalendarRepository", "CalendarStorageError", "CalendarStorageUnavailableError", "DueCalendar"]
 
 
 class CalendarStorageError(Exception):
@@ -297,12 +297,13 @@ class CalendarRepository:
                 found = await self._owned_external(conn, key, owner_uid)
                 if found is None:
                     return None
+                calendar, source = found
+                last = None if source.last_sync_at is None else to_db_time(source.last_sync_at)
                 await conn.execute(
                     update(tables.external_sources)
                     .where(tables.external_sources.c.calendar_key == key)
-                    .values(sync_interval_minutes=minutes)
+                    .values(sync_interval_minutes=minutes, next_sync_at=_next_sync(last, minutes))
                 )
-        calendar, source = found
         return calendar, dataclasses.replace(source, sync_interval_minutes=minutes)
 
     async def record_sync_outcome(
@@ -319,8 +320,11 @@ class CalendarRepository:
         where = tables.external_sources.c.calendar_key == key
         with storage_errors("the calendar could not be stored"):
             async with self._engine.begin() as conn:
-                if (await conn.execute(select(tables.external_sources.c.calendar_key).where(where))).first() is None:
+                interval = tables.external_sources.c.sync_interval_minutes
+                minutes = (await conn.execute(select(interval).where(where))).scalar()
+                if minutes is None:
                     return False
+                values["next_sync_at"] = _next_sync(to_db_time(at), minutes)
                 await conn.execute(update(tables.external_sources).where(where).values(**values))
         return True
 
@@ -333,7 +337,8 @@ class CalendarRepository:
         was. None if the calendar is no longer the owner's external calendar. Idempotent."""
         with storage_errors("the calendar could not be stored"):
             async with self._engine.begin() as conn:
-                if await self._owned_external(conn, key, owner_uid) is None:
+                found = await self._owned_external(conn, key, owner_uid)
+                if found is None:
                     return None
                 counts, existing = await self._upsert_in(conn, key, events)
                 gone = sorted(set(existing) - {event.uid for event in events})
@@ -348,27 +353,29 @@ class CalendarRepository:
                     .where(tables.external_sources.c.calendar_key == key)
                     .values(
                         last_sync_at=to_db_time(at), last_status="synced", last_error=None,
+                        next_sync_at=_next_sync(to_db_time(at), found[1].sync_interval_minutes),
                         etag=_validator(etag), last_modified=_validator(last_modified),
                     )
                 )
         return SyncCounts(imported=counts.imported, updated=counts.updated, skipped=counts.skipped, removed=len(gone))
 
-    async def due_external(self, now: datetime, *, limit: int) -> list[tuple[str, str]]:
-        """(calendar key, owner) of the external calendars due for a sync at `now`: never synced, or
-        last synced at least their interval ago; the longest waiting first, at most `limit`."""
-        query = select(
-            tables.external_sources.c.calendar_key, tables.calendars.c.owner_uid,
-            tables.external_sources.c.sync_interval_minutes, tables.external_sources.c.last_sync_at,
-        ).join(tables.calendars, tables.calendars.c.key == tables.external_sources.c.calendar_key)
+    async def due_external(self, now: datetime, *, limit: int) -> list[DueCalendar]:
+        """The external calendars due for a sync at `now`: never synced, or last synced at least
+        their interval ago; the longest waiting first (never synced before all), at most `limit`.
+        One indexed query (`next_sync_at`), whatever the number of calendars."""
+        t = tables.external_sources
+        query = (
+            select(t.c.calendar_key, tables.calendars.c.owner_uid, t.c.url)
+            .join(tables.calendars, tables.calendars.c.key == t.c.calendar_key)
+            .where(or_(t.c.next_sync_at.is_(None), t.c.next_sync_at <= to_db_time(now)))
+            # NULLS FIRST, spelled so that every database accepts it.
+            .order_by(case((t.c.next_sync_at.is_(None), 0), else_=1), t.c.next_sync_at, t.c.calendar_key)
+            .limit(limit)
+        )
         with storage_errors("the calendars could not be read"):
             async with self._engine.connect() as conn:
                 rows = list(await conn.execute(query))
-        naive_now = to_db_time(now)
-        due = [
-            (row.last_sync_at or datetime.min, row.calendar_key, row.owner_uid) for row in rows
-            if row.last_sync_at is None or row.last_sync_at + timedelta(minutes=row.sync_interval_minutes) <= naive_now
-        ]
-        return [(key, owner) for _, key, owner in sorted(due)[:limit]]
+        return [DueCalendar(key=row.calendar_key, owner_uid=row.owner_uid, url=row.url) for row in rows]
 
     async def sync_statuses(self, keys: Sequence[str]) -> dict[str, tuple[str | None, datetime | None]]:
         """key -> (last_status, last_sync_at) of those external calendars that still exist."""
@@ -401,6 +408,19 @@ class CalendarRepository:
     async def _events_by_uid(self, conn: AsyncConnection, key: str) -> dict[str, Event]:
         rows = await conn.execute(select(tables.events).where(tables.events.c.calendar_key == key))
         return {row.uid: _event(row) for row in rows}
+
+
+def _next_sync(last: datetime | None, minutes: int) -> datetime | None:
+    return None if last is None else last + timedelta(minutes=minutes)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DueCalendar:
+    """An external calendar the sweep should sync: its key, its owner when selected, its URL."""
+
+    key: str
+    owner_uid: str
+    url: str
 
 
 def _last_per_uid(incoming: Sequence[Event]) -> list[Event]:

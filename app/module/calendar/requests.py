@@ -7,14 +7,15 @@ from typing import ClassVar
 
 from sqlalchemy.exc import OperationalError
 
-from agent_async import ConnectionCoolingDown, JobRequest, StorageUnavailableError
+from agent_async import ConnectionCoolingDown, JobRequest, QueueUnavailableError, StorageUnavailableError
 from app.module.calendar.fetch import RetryableFetchError
 
 __all__ = ["JobRequestExportIcs", "JobRequestImportIcs", "JobRequestSyncExternal"]
 
-# Database outages: the blob store's own error, which the calendar repository's
-# CalendarStorageUnavailableError subclasses, and SQLAlchemy's in case one arrives untranslated.
-_TRANSIENT: tuple[type[BaseException], ...] = (StorageUnavailableError, OperationalError)
+# Outages: the blob store's own error, which the calendar repository's
+# CalendarStorageUnavailableError subclasses, SQLAlchemy's in case one arrives untranslated, and
+# Redis unreachable for a moment (a ConnectionGuard admits nothing then, or a group lookup fails).
+_TRANSIENT: tuple[type[BaseException], ...] = (StorageUnavailableError, OperationalError, QueueUnavailableError)
 
 
 @dataclass
@@ -26,7 +27,7 @@ class _CalendarJobRequest(JobRequest):
     # Export rewrites a file and import upserts by UID: both are safe to re-run after a crash.
     resume: ClassVar[bool] = True
     max_concurrent: ClassVar[int] = 1
-    # Only a database outage is worth retrying; anything else (InvalidIcsError included) fails
+    # Only an outage is worth retrying; anything else (InvalidIcsError included) fails
     # the same way again, so it fails at once.
     retry_for: ClassVar[tuple[type[BaseException], ...]] = _TRANSIENT
 

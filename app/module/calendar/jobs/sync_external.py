@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from agent_async import AccessRevoked, ConnectionCoolingDown, Job, agent_job
+from agent_async.guard import GuardPermit
 from app.module.calendar.fetch import (
     FetchError,
     FetchErrorKind,
@@ -66,7 +67,7 @@ class JobSyncExternal(Job[JobRequestSyncExternal]):
         try:
             # Guarded from the first byte sent to the last byte read: a timeout, a 429 or a 5xx
             # (RetryableFetchError is a GuardRetryable) counts against the host; a 404 does not.
-            async with runtime.ics_guard.request(guard_name(source.url)):
+            async with runtime.ics_guard.request(guard_name(source.url)) as permit:
                 fetched = await fetch_ics(
                     source.url, policy,
                     etag=source.etag if conditional else None,
@@ -78,7 +79,7 @@ class JobSyncExternal(Job[JobRequestSyncExternal]):
                     etag=fetched.etag, last_modified=fetched.last_modified, keep_validators=False,
                 )
                 logger.info("job %s: calendar %s unchanged upstream (304)", job_id, key)
-                return {"status": "unchanged", **SyncCounts().as_dict()}
+                return {"status": "unchanged", **SyncCounts().as_dict(), "fetched_at": _slot_iso(permit)}
             text = decode_ics(fetched.body or b"", fetched.content_type)
             try:
                 events = parse_ics(text)
@@ -94,4 +95,9 @@ class JobSyncExternal(Job[JobRequestSyncExternal]):
         if counts is None:
             raise ExternalCalendarGoneError(f"calendar {key} is no longer an external calendar of this user")
         logger.info("job %s synced calendar %s: %s", job_id, key, counts)
-        return {"status": "synced", **counts.as_dict()}
+        return {"status": "synced", **counts.as_dict(), "fetched_at": _slot_iso(permit)}
+
+
+def _slot_iso(permit: GuardPermit) -> str:
+    """When the host's guard let the request start (its paced slot, on Redis's clock)."""
+    return datetime.fromtimestamp(permit.slot_us / 1_000_000, UTC).isoformat()

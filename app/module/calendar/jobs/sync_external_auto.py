@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 from datetime import UTC, datetime
 from typing import Any
 
 from agent_async import Job, RunStatus, RunTrigger, agent_job
-from app.module.calendar.repository import CalendarRepository
+from app.module.calendar.jobs.sync_external import guard_name
+from app.module.calendar.repository import CalendarRepository, DueCalendar
 from app.module.calendar.requests import JobRequestSyncExternal
 from app.module.calendar.sweep_requests import (
     SWEEP_MAX_CALENDARS,
@@ -17,7 +19,7 @@ from app.module.calendar.sweep_requests import (
 )
 from app.runtime import current_runtime
 
-__all__ = ["JobSyncExternalAuto", "JobSyncExternalDone"]
+__all__ = ["JobSyncExternalAuto", "JobSyncExternalDone", "interleave_hosts"]
 
 logger = logging.getLogger(__name__)
 
@@ -51,9 +53,10 @@ class JobSyncExternalAuto(Job[JobRequestSyncExternalAuto]):
                 return {"run_id": record.run_id, "due": 0, "group_id": None}
             # The children run without a user (this is a system job): each carries the owner its
             # calendar must still have, checked before anything is fetched.
-            children = [JobRequestSyncExternal(calendar_key=key, owner_uid=owner) for key, owner in due]
+            due = interleave_hosts(due)
+            children = [JobRequestSyncExternal(calendar_key=c.key, owner_uid=c.owner_uid) for c in due]
             finalizer = JobRequestSyncExternalDone(
-                run_id=record.run_id, started_at=started.isoformat(), calendar_keys=[key for key, _ in due]
+                run_id=record.run_id, started_at=started.isoformat(), calendar_keys=[c.key for c in due]
             )
             group_id = await self.resources.groups.create(
                 children, finalizer, max_in_flight=runtime.settings.ics_sweep_max_in_flight
@@ -64,6 +67,17 @@ class JobSyncExternalAuto(Job[JobRequestSyncExternalAuto]):
             raise
         logger.info("job %s: %d external calendars due, group %s", job_id, len(due), group_id)
         return {"run_id": record.run_id, "due": len(due), "group_id": group_id}
+
+
+def interleave_hosts(due: list[DueCalendar]) -> list[DueCalendar]:
+    """Round-robin over hosts, each host's calendars in their order: the group's window releases
+    children in this order, so a host with many calendars (paced by its guard) cannot fill the
+    whole window while other hosts' syncs wait."""
+    by_host: dict[str, list[DueCalendar]] = {}
+    for calendar in due:
+        by_host.setdefault(guard_name(calendar.url), []).append(calendar)
+    rounds = itertools.zip_longest(*by_host.values())
+    return [calendar for round_ in rounds for calendar in round_ if calendar is not None]
 
 
 def _counters(due: int, synced: int, unchanged: int, failed: int) -> dict[str, int]:
