@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import secrets
@@ -9,12 +10,14 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass
 from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import icalendar
@@ -130,8 +133,48 @@ def _wait_job(http: Http, job_id: str) -> dict[str, Any]:
     raise DemoError(f"job {job_id} did not finish within {_JOB_TIMEOUT_S:g}s (is the worker running?)")
 
 
-def scenario(http: Http, say: Any = print) -> None:
-    """Create a calendar, add events, export it, fetch the ICS, import it into a second calendar."""
+class _Feed(ThreadingHTTPServer):
+    """A local ICS feed for the subscription part of the demo: one calendar, with an ETag."""
+
+    daemon_threads = True
+
+    def __init__(self, host: str) -> None:
+        super().__init__((host, 0), _FeedHandler)
+        self.body = b""
+        self.etag = ""
+
+    @property
+    def url(self) -> str:
+        host, port = self.server_address[:2]
+        return f"http://{host!s}:{port}/team.ics"
+
+    def publish(self, body: bytes) -> None:
+        self.body, self.etag = body, f'"{hashlib.sha256(body).hexdigest()[:16]}"'
+
+
+class _FeedHandler(BaseHTTPRequestHandler):
+    server: _Feed
+
+    def do_GET(self) -> None:
+        if self.headers.get("If-None-Match") == self.server.etag:
+            self.send_response(304)
+            self.send_header("ETag", self.server.etag)
+            self.end_headers()
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/calendar; charset=utf-8")
+        self.send_header("ETag", self.server.etag)
+        self.send_header("Content-Length", str(len(self.server.body)))
+        self.end_headers()
+        self.wfile.write(self.server.body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass  # the scenario says what happens
+
+
+def scenario(http: Http, say: Any = print, feed: _Feed | None = None) -> None:
+    """Create a calendar, add events, export it, fetch the ICS, import it into a second calendar;
+    then, given a local feed, subscribe to it as an external calendar and sync it twice."""
     key = http.json("POST", "/calendars", {"name": "Demo calendar"}, expect=201)["key"]
     say(f"1. POST /calendars -> 201, key {key}")
     for day, summary in ((1, "Kick-off"), (2, "Design review"), (3, "Release party")):
@@ -157,6 +200,27 @@ def scenario(http: Http, say: Any = print) -> None:
     if total != count:
         raise DemoError(f"the imported calendar holds {total} events, expected {count}")
     say(f"8. GET /calendars/<copy>/events -> {total} events: the round trip is complete")
+    if feed is not None:
+        _subscription(http, feed, ics, count, say)
+
+
+def _subscription(http: Http, feed: _Feed, ics: bytes, count: int, say: Any) -> None:
+    feed.publish(ics)
+    body = {"name": "Team feed", "url": feed.url, "sync_interval_minutes": 60}
+    key = http.json("POST", "/calendars/external", body, expect=201)["key"]
+    say(f"9. POST /calendars/external {feed.url} -> 201, key {key}")
+    for step, expected in (("10", "synced"), ("11", "unchanged")):
+        job_id = http.json("POST", f"/calendars/{key}/sync", expect=202)["job_id"]
+        result = _wait_job(http, job_id)["result"]
+        if result["status"] != expected:
+            raise DemoError(f"sync {job_id}: expected {expected}, got {result}")
+        say(f"{step}. POST /calendars/<key>/sync -> 202, job {job_id} -> {result['status']}, result {result}")
+    external = http.json("GET", f"/calendars/{key}/external", expect=200)
+    total = http.json("GET", f"/calendars/{key}/events", expect=200)["total"]
+    if total != count:
+        raise DemoError(f"the subscribed calendar holds {total} events, expected {count}")
+    say(f"12. GET /calendars/<key>/external -> last_status {external['last_status']}, {total} events "
+        "(the second sync was a 304: the feed's ETag had not changed)")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -178,6 +242,12 @@ def run_demo(settings: AppSettings, *, host: str, port: int, once: bool) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     port = port or _free_port(host)
     url = f"http://{host}:{port}"
+    # The subscription part fetches from a feed on this machine: loopback is refused unless allowed,
+    # so the demo's own API and worker (only they) allow the feed's address.
+    feed = _Feed("127.0.0.1")
+    threading.Thread(target=feed.serve_forever, daemon=True).start()
+    allowed = [h for h in env.get("AGENT_FETCH_ALLOW_HOSTS", "").split(",") if h.strip()]
+    env["AGENT_FETCH_ALLOW_HOSTS"] = ",".join([*allowed, "127.0.0.1"])
     processes = [_spawn(["api", "--host", host, "--port", str(port)], env), _spawn(["worker"], env)]
     try:
         _wait_ready(url, processes)
@@ -185,7 +255,8 @@ def run_demo(settings: AppSettings, *, host: str, port: int, once: bool) -> int:
         print(f"API: {url}  (OpenAPI: {url}/openapi.json, docs: {url}/docs)")
         print(f"token for {DEMO_UID}: {token}")
         print(f"try: curl -H 'Authorization: Bearer {token}' {url}/jobs")
-        scenario(Http(url, token))
+        print(f"local ICS feed: {feed.url} (AGENT_FETCH_ALLOW_HOSTS=127.0.0.1 for this demo's processes)")
+        scenario(Http(url, token), feed=feed)
         print("demo scenario: OK")
         if once:
             return 0
@@ -200,3 +271,5 @@ def run_demo(settings: AppSettings, *, host: str, port: int, once: bool) -> int:
         return 0
     finally:
         _stop(processes)
+        feed.shutdown()
+        feed.server_close()

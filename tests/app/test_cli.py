@@ -55,6 +55,12 @@ def test_demo_once_runs_end_to_end(tmp_path: Path, namespace: str, redis: Redis)
     assert "token for demo-user: " in out and "API: http://127.0.0.1:" in out
     assert "5. GET /jobs/" in out and "3 events" in out
     assert "{'imported': 3, 'skipped': 0, 'updated': 0}" in out
+    # The subscription part: a local feed synced, then a 304 the second time.
+    assert "9. POST /calendars/external http://127.0.0.1:" in out
+    synced = next(line for line in out.splitlines() if line.startswith("10. "))
+    assert "-> synced, result {" in synced and "'imported': 3" in synced
+    assert "-> unchanged, result {" in next(line for line in out.splitlines() if line.startswith("11. "))
+    assert "12. GET /calendars/<key>/external -> last_status unchanged, 3 events" in out
     assert "demo scenario: OK" in out
 
 
