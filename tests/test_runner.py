@@ -7,6 +7,7 @@ resources, runs one attempt and asserts on the Outcome it returns.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 import time
 from collections.abc import AsyncIterator
@@ -18,10 +19,19 @@ from typing import Any, ClassVar
 import psutil
 import pytest
 
-from agent_async import Agent, Job, JobRequest, JobStatus, SoftTimeLimitExceeded, agent_job, run_in_child
+from agent_async import (
+    Agent,
+    ConnectionCoolingDown,
+    Job,
+    JobRequest,
+    JobStatus,
+    SoftTimeLimitExceeded,
+    agent_job,
+    run_in_child,
+)
 from agent_async.lifecycle import Outcome
 from agent_async.worker.child import RunHandle, current_run
-from agent_async.worker.runner import Backoff, JobRunner, StopPolicy
+from agent_async.worker.runner import Backoff, JobRunner, StopPolicy, retry_after_of
 from tests.jobs import spin_forever
 
 # Short grace periods: every stop in this module ends well within a second or two.
@@ -103,7 +113,17 @@ class RaisesJob(Job[Raises]):
             raise ValueError(request.message)
         if request.kind == "cancelled":
             raise asyncio.CancelledError()
+        if request.kind == "retry_after":
+            raise RetryAfterError(request.message, float(request.message))
         raise RuntimeError(request.message)
+
+
+class RetryAfterError(ValueError):
+    """A retryable failure that asks for a pause, as ConnectionCoolingDown or an HTTP 429 does."""
+
+    def __init__(self, message: str, retry_after_s: object) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 @dataclass
@@ -366,6 +386,22 @@ async def test_retryable_exception_with_attempts_left_is_a_retry(agent: Agent, a
     assert 0.5 * ceiling <= outcome.retry_in_s <= ceiling
 
 
+@pytest.mark.parametrize(("asked_s", "least_s"), [("0.12", 0.12), ("99", BACKOFF.max_s), ("0", 0.0)])
+async def test_a_retry_waits_at_least_what_the_failure_asks_capped_by_the_max(
+    agent: Agent, asked_s: str, least_s: float
+) -> None:
+    outcome = await run_once(make_runner(RaisesJob(agent.resources)), {"kind": "retry_after", "message": asked_s})
+    assert outcome.status is JobStatus.RETRY
+    assert least_s <= outcome.retry_in_s <= max(least_s, BACKOFF.base_s)
+
+
+@pytest.mark.parametrize("value", [None, "soon", -1.0, math.inf, math.nan, True])
+def test_a_retry_after_that_is_no_duration_is_ignored(value: object) -> None:
+    assert retry_after_of(RetryAfterError("x", value)) == 0.0
+    assert retry_after_of(RetryAfterError("x", 2)) == 2.0
+    assert retry_after_of(ConnectionCoolingDown("ics:h", 12.5)) == 12.5
+
+
 async def test_retryable_exception_at_max_try_gives_up(agent: Agent) -> None:
     outcome = await run_once(
         make_runner(RaisesJob(agent.resources)), {"kind": "value", "message": "flaky"}, attempt=Raises.max_try
@@ -592,6 +628,14 @@ def test_backoff_of_attempt_zero_uses_the_base() -> None:
     backoff = Backoff(base_s=0.2, max_s=10.0)
     rng = random.Random(1)
     assert all(0.1 <= backoff.delay_s(attempt, rng) <= 0.2 for attempt in (0, -3, 1))
+
+
+def test_backoff_honours_a_floor_capped_at_the_max() -> None:
+    backoff = Backoff(base_s=0.1, max_s=2.0)
+    rng = random.Random(5)
+    assert all(1.5 <= backoff.delay_s(1, rng, at_least_s=1.5) <= 1.5 for _ in range(20))
+    assert backoff.delay_s(1, rng, at_least_s=60.0) == 2.0
+    assert 0.05 <= backoff.delay_s(1, rng, at_least_s=0.0) <= 0.1
 
 
 def test_backoff_without_rng_stays_in_bounds() -> None:

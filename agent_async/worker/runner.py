@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
@@ -35,10 +36,22 @@ class Backoff:
     base_s: float
     max_s: float
 
-    def delay_s(self, attempt: int, rng: random.Random | None = None) -> float:
+    def delay_s(self, attempt: int, rng: random.Random | None = None, *, at_least_s: float = 0.0) -> float:
+        """The pause before attempt + 1; never under `at_least_s` (what the failure asked for,
+        e.g. a server's Retry-After), which is itself capped at `max_s`."""
         ceiling = min(self.max_s, self.base_s * 2.0 ** max(0, attempt - 1))
         # Jitter spreads a burst of failures so retries do not hit a recovering service at once.
-        return ceiling * (rng or random).uniform(0.5, 1.0)
+        return max(min(at_least_s, self.max_s), ceiling * (rng or random).uniform(0.5, 1.0))
+
+
+def retry_after_of(exc: BaseException) -> float:
+    """The least pause a failure asks for before its retry: its `retry_after_s` attribute when it
+    has one that is a finite number >= 0 (ConnectionCoolingDown's cooldown, an HTTP Retry-After
+    an application carries over), else 0."""
+    value = getattr(exc, "retry_after_s", None)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return 0.0
+    return float(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +181,7 @@ class JobRunner:
         error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
         retryable = isinstance(exc, self.request_class.retry_for)
         if retryable and attempt < self.request_class.max_try:
-            delay_s = self.backoff.delay_s(attempt)
+            delay_s = self.backoff.delay_s(attempt, at_least_s=retry_after_of(exc))
             logger.info("job %s attempt %d failed (%s); retry in %.2fs",
                         self.request_class.name, attempt, error, delay_s)
             return Outcome(JobStatus.RETRY, error=error, retry_in_s=delay_s)

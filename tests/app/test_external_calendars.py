@@ -474,6 +474,14 @@ async def test_the_fetcher_reports_retry_after_and_sends_conditional_headers(ups
         await fetch_ics(upstream.url("/limited"), policy)
     assert limited.value.kind is FetchErrorKind.RATE_LIMITED and limited.value.retry_after_s == 7.0
     assert "retry after 7s" in str(limited.value)
+    upstream.routes["/busy"] = status(503, Retry_After="3")
+    with pytest.raises(RetryableFetchError) as busy:
+        await fetch_ics(upstream.url("/busy"), policy)
+    assert busy.value.kind is FetchErrorKind.SERVER_ERROR and busy.value.retry_after_s == 3.0
+    upstream.routes["/broken"] = status(500, Retry_After="3")  # only 429 and 503 say when to come back
+    with pytest.raises(RetryableFetchError) as broken:
+        await fetch_ics(upstream.url("/broken"), policy)
+    assert broken.value.retry_after_s is None
     upstream.routes["/cal.ics"] = lambda _: Reply(304)
     stamp = "Mon, 01 Jan 2030 00:00:00 GMT"
     result = await fetch_ics(upstream.url("/cal.ics"), policy, etag='"e"', last_modified=stamp)

@@ -307,7 +307,9 @@ def _status_error(response: httpx.Response) -> FetchError:
             FetchErrorKind.RATE_LIMITED, f"the server is limiting requests ({reason}{after})", retry_after
         )
     if status >= 500 or status == 408:
-        return RetryableFetchError(FetchErrorKind.SERVER_ERROR, f"the server answered {reason}")
+        # A 503 may say when to come back, like a 429 (RFC 9110 section 10.2.3).
+        retry_after = _retry_after(response.headers.get("Retry-After")) if status == 503 else None
+        return RetryableFetchError(FetchErrorKind.SERVER_ERROR, f"the server answered {reason}", retry_after)
     if status in _REDIRECTS:
         return PermanentFetchError(FetchErrorKind.HTTP_ERROR, f"the server answered {reason} without a Location")
     return PermanentFetchError(FetchErrorKind.HTTP_ERROR, f"the server answered {reason}")
