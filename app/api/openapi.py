@@ -16,7 +16,6 @@ import re
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
 from typing import Any, TypeVar
 
-from quart import Quart
 from quart_schema.openapi import PATH_RE, OpenAPIProvider
 
 from app.api.request import MAX_REQUEST_HEAD_BYTES
@@ -184,7 +183,7 @@ class AppOpenAPIProvider(OpenAPIProvider):
         return complete_openapi_document(super().schema(), self._operations(), public_endpoints=PUBLIC_ENDPOINTS)
 
     def _operations(self) -> Iterator[tuple[str, str, str, Callable[..., Any]]]:
-        app: Quart = self._app
+        app = self._app  # a weak proxy of the Quart app
         for rule in self.generate_rules():
             # The very path and methods quart-schema's build_paths documents the rule under.
             path = re.sub(PATH_RE, r"{\1}", rule.rule)
