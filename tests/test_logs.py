@@ -8,9 +8,13 @@ import io
 import json
 import logging
 import os
+import signal
+import socket
 import subprocess
 import sys
 import textwrap
+import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -307,3 +311,47 @@ async def test_a_worker_process_writes_json_lines_with_the_fields_also_from_a_ch
     assert all((line["job"], line["user_uid"], line["attempt"]) == ("logsvc.logged", "carol", 1) for line in mine)
     assert mine[-1]["outcome"] == "SUCCESS" and isinstance(mine[-1]["duration_s"], float)
     assert any(line["logger"] == "arq.worker" for line in lines), done.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@pytest.mark.slow
+def test_the_api_process_writes_json_lines_and_hypercorn_logs_once(namespace: str, tmp_path: Path) -> None:
+    """`python -m app api`: hypercorn's own lines go through the same JSON handler, not through a
+    second handler of hypercorn's (app/hypercorn_config.py)."""
+    from tests.app.conftest import SECRET as APP_SECRET
+
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENT_")}
+    env.update({
+        "AGENT_REDIS_URL": REDIS_URL, "AGENT_NAMESPACE": namespace, "AGENT_LOG_FORMAT": "json",
+        "AGENT_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/app.db", "AGENT_SECRET_KEY": APP_SECRET,
+    })
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "app", "api", "--port", str(port)],
+        env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        for _ in range(400):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
+                    assert answer.status == 200
+                    break
+            except OSError:
+                time.sleep(0.05)
+        else:
+            raise AssertionError("the API did not start")
+    finally:
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=30)
+    assert proc.returncode == 0, stderr
+    lines = [json.loads(line) for line in stderr.splitlines() if line.strip()]
+    running = [line for line in lines if line["event"].startswith("Running on")]
+    assert [line["logger"] for line in running] == ["hypercorn.error"], stderr
+    assert any(line["logger"] == "app" and line["event"].startswith("API on") for line in lines), stderr
+    assert APP_SECRET not in stderr
