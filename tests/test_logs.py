@@ -34,7 +34,7 @@ from agent_async.logs import (
     reset_logging,
 )
 from tests.conftest import REDIS_URL, Drain
-from tests.jobs import Boom, Flaky
+from tests.jobs import Boom, Flaky, Slow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -142,6 +142,16 @@ async def test_a_failing_job_end_line_says_the_outcome_and_the_error_type_only(
     assert "not retryable" not in json.dumps(finished)
     (warning,) = [line for line in mine if line["level"] == "warning"]
     assert "RuntimeError: boom: not retryable" in warning["exception"]
+
+
+async def test_a_run_stopped_at_its_soft_limit_ends_with_that_error_type(
+    drain: Drain, client: ClientAgent, json_lines: Lines
+) -> None:
+    job_id = await client.enqueue(Slow(sleep_s=5))
+    await drain()
+    (finished,) = events(run_lines(json_lines(), job_id), "job finished")
+    assert (finished["outcome"], finished["error_type"]) == ("FAILURE", "SoftTimeLimitExceeded")
+    assert finished["duration_s"] >= Slow.soft_timeout_seconds
 
 
 def test_engine_per_job_lines_are_dropped_and_its_warnings_kept() -> None:
