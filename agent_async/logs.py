@@ -71,6 +71,9 @@ _OWN_KEYS = frozenset({"event", "level", "logger", "timestamp", *JOB_FIELDS})
 # them, begin with arq's elapsed-time field; arq's warnings and errors (no arguments) are kept.
 _ENGINE_LOGGER = "arq.worker"
 _ENGINE_JOB_LINE_PREFIX = "%6.2fs "
+# The handler arq's CLI puts on its `arq` logger (arq.logs.default_log_config).
+_ENGINE_CLI_LOGGER = "arq"
+_ENGINE_CLI_HANDLER = "arq.standard"
 
 
 class EngineJobLineFilter(logging.Filter):
@@ -86,10 +89,19 @@ class EngineJobLineFilter(logging.Filter):
 
 
 def silence_engine_job_lines() -> None:
-    """Install EngineJobLineFilter on arq's worker logger (once, however often it is called)."""
+    """Install EngineJobLineFilter on arq's worker logger (once, however often it is called).
+
+    Called by every worker at start-up; there it also removes the handler arq's CLI adds (see
+    ARQ_CLI_LOG_CONFIG) once configure_logging ran in this process, so that from then on each arq
+    line is written once, by our handler (arq's first two lines, before start-up, still twice).
+    """
     engine_logger = logging.getLogger(_ENGINE_LOGGER)
     if not any(isinstance(f, EngineJobLineFilter) for f in engine_logger.filters):
         engine_logger.addFilter(EngineJobLineFilter())
+    if _current is not None:
+        cli_logger = logging.getLogger(_ENGINE_CLI_LOGGER)
+        for handler in [h for h in cli_logger.handlers if h.get_name() == _ENGINE_CLI_HANDLER]:
+            cli_logger.removeHandler(handler)
 
 
 def job_fields(*, job_id: str, job: str, user_uid: str | None, attempt: int) -> AbstractContextManager[None]:

@@ -16,8 +16,8 @@ __all__ = ["WorkerSettings", "app", "runtime"]
 
 app = create_app()
 runtime: AppRuntime = app.extensions[EXTENSION_KEY]
-# arq's CLI configures its own handler after this import: start it with
-# `--custom-log-dict agent_async.logs.ARQ_CLI_LOG_CONFIG` to keep this one only (docs/logging.md).
+# arq's CLI adds a handler of its own after this import; the worker drops it at start-up, and
+# `--custom-log-dict agent_async.logs.ARQ_CLI_LOG_CONFIG` keeps it from being added (docs/logging.md).
 configure_logging(runtime.settings.agent.log_format)
 
 # arq's CLI accepts a dict; handle_signals stays on so SIGTERM/SIGINT drain gracefully.

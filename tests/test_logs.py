@@ -244,6 +244,36 @@ def test_arq_cli_log_config_changes_nothing() -> None:
     assert json.loads(stream.getvalue())["event"] == "Starting worker for 1 functions"
 
 
+def test_a_worker_start_up_removes_the_handler_arqs_cli_added() -> None:
+    """`arq app.worker.WorkerSettings` without the flag: arq's CLI adds its own handler after our
+    configure_logging; the worker's start-up removes it, so arq's lines are written once."""
+    from arq.logs import default_log_config
+
+    from agent_async.logs import silence_engine_job_lines
+
+    stream = io.StringIO()
+    root = logging.getLogger()
+    level = root.level
+    arq_logger = logging.getLogger("arq")
+    configure_logging(LogFormat.JSON, stream=stream)
+    try:
+        # What arq's dictConfig does (not run here: a full dictConfig closes every handler, pytest's too).
+        (name,) = default_log_config(verbose=False)["loggers"]["arq"]["handlers"]
+        cli_handler = logging.StreamHandler(io.StringIO())
+        cli_handler.set_name(name)
+        arq_logger.addHandler(cli_handler)
+        silence_engine_job_lines()
+        assert arq_logger.handlers == []
+        logging.getLogger("arq.worker").info("recording health: %s", "j_complete=1")
+    finally:
+        reset_logging()
+        root.setLevel(level)
+        for handler in list(arq_logger.handlers):
+            arq_logger.removeHandler(handler)
+        arq_logger.setLevel(logging.NOTSET)
+    assert json.loads(stream.getvalue())["event"] == "recording health: j_complete=1"
+
+
 # -- a real worker process -----------------------------------------------------------------------
 
 LOGSVC_JOB = '''
