@@ -154,6 +154,22 @@ async def test_a_run_stopped_at_its_soft_limit_ends_with_that_error_type(
     assert finished["duration_s"] >= Slow.soft_timeout_seconds
 
 
+async def test_without_configure_logging_the_worker_still_drops_arqs_argument_lines(
+    drain: Drain, client: ClientAgent, caplog: pytest.LogCaptureFixture
+) -> None:
+    engine_logger = logging.getLogger("arq.worker")
+    for f in list(engine_logger.filters):
+        engine_logger.removeFilter(f)  # as in a fresh process: the worker's start-up installs it
+    job_id = await client.enqueue(Logged(password=SECRET, note="plain"))
+    with caplog.at_level(logging.INFO):
+        await drain()
+    messages = [record.getMessage() for record in caplog.records]
+    assert "inside process: plain" in messages and "job finished" in messages
+    assert not any(SECRET in m for m in messages), messages
+    assert not any(job_id in m for m in messages if m.startswith(" ")), "arq's per-job lines are dropped"
+    assert any(m.startswith("Starting worker") for m in messages), "arq's other lines are kept"
+
+
 def test_engine_per_job_lines_are_dropped_and_its_warnings_kept() -> None:
     """arq's start line prints `id:func(args...)`: dropped (with the other per-job INFO lines)."""
     keep = EngineJobLineFilter().filter
