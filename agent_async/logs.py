@@ -113,7 +113,8 @@ def job_fields(*, job_id: str, job: str, user_uid: str | None, attempt: int) -> 
 def _mask_text(text: str) -> str:
     if "://" in text:
         text = _URL_PASSWORD_RE.sub(rf"\1{_MASK}@", text)
-    if "earer" in text or "asic" in text:
+    lowered = text.lower()
+    if "bearer" in lowered or "basic" in lowered:
         text = _HTTP_CREDENTIAL_RE.sub(rf"\1 {_MASK}", text)
     return text
 

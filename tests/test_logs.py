@@ -186,6 +186,7 @@ def test_engine_per_job_lines_are_dropped_and_its_warnings_kept() -> None:
 def test_redaction_masks_secret_keys_url_passwords_and_bearer_tokens() -> None:
     event = {
         "event": "connecting to redis://user:hunter2@cache:6379/0 with Bearer abc.def.ghi",
+        "header": "BEARER xyz",
         "password": "hunter2",
         "api_token": "t0k3n",
         "Authorization": "Basic dXNlcjpwYXNz",
@@ -199,7 +200,7 @@ def test_redaction_masks_secret_keys_url_passwords_and_bearer_tokens() -> None:
     assert out["password"] == out["api_token"] == out["Authorization"] == "***"
     assert out["headers"] == {"cookie": "***", "accept": "json"}
     assert out["url"] == "postgresql+asyncpg://app:***@db/app"
-    assert out["job_id"] == "j1" and out["count"] == 3
+    assert out["job_id"] == "j1" and out["count"] == 3 and out["header"] == "BEARER ***"
 
 
 def test_stdlib_lines_are_redacted_in_the_rendered_output(json_lines: Lines) -> None:
