@@ -33,8 +33,8 @@ from agent_async.logs import (
     redact,
     reset_logging,
 )
-from tests.conftest import REDIS_URL, Drain
-from tests.jobs import Boom, Flaky, Slow
+from tests.conftest import REDIS_URL, Drain, running_worker, wait_for_status
+from tests.jobs import Boom, Flaky, Sleeper, Slow
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -152,6 +152,23 @@ async def test_a_run_stopped_at_its_soft_limit_ends_with_that_error_type(
     (finished,) = events(run_lines(json_lines(), job_id), "job finished")
     assert (finished["outcome"], finished["error_type"]) == ("FAILURE", "SoftTimeLimitExceeded")
     assert finished["duration_s"] >= Slow.soft_timeout_seconds
+
+
+async def test_a_canceled_run_and_a_run_cut_by_worker_shutdown_say_so_in_their_end_line(
+    agent: Agent, client: ClientAgent, json_lines: Lines
+) -> None:
+    async with running_worker(agent):
+        canceled_id = await client.enqueue(Sleeper(), "u")
+        await wait_for_status(agent, canceled_id, JobStatus.STARTED)
+        await client.cancel(canceled_id)
+        interrupted_id = await client.enqueue(Sleeper(), "u")
+        await wait_for_status(agent, interrupted_id, JobStatus.STARTED)
+    lines = json_lines()
+    (canceled,) = events(run_lines(lines, canceled_id), "job finished")
+    assert canceled["outcome"] == "CANCELED" and "error_type" not in canceled
+    (interrupted,) = events(run_lines(lines, interrupted_id), "job finished")
+    assert (interrupted["outcome"], interrupted["error_type"]) == ("INTERRUPTED", "WorkerShutdown")
+    assert interrupted["attempt"] == 1 and interrupted["user_uid"] == "u"
 
 
 async def test_without_configure_logging_the_worker_still_drops_arqs_argument_lines(
