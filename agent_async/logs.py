@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import time
 from collections.abc import Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -149,17 +150,42 @@ def redact(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
 
 # A LogRecord's own attributes; any other one was passed as `extra=` (our end line's fields).
 # `message` and `asctime` are set on the record by any Formatter that saw it first.
-_RECORD_KEYS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+_BARE_RECORD_KEYS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__)
+_RECORD_KEYS = _BARE_RECORD_KEYS | {"message", "asctime"}
 
 
 def _add_extra(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
     """structlog.stdlib.ExtraAdder, minus the attributes an earlier formatter added to the record."""
     record: logging.LogRecord | None = event_dict.get("_record")
-    if record is not None:
+    # Most records carry no extra: as many attributes as a bare record, nothing to look for.
+    if record is not None and len(record.__dict__) > len(_BARE_RECORD_KEYS):
         for key, value in record.__dict__.items():
             if key not in _RECORD_KEYS and not key.startswith("_"):
                 event_dict.setdefault(key, value)
     return event_dict
+
+
+class _IsoTimestamp:
+    """structlog processor: `timestamp`, ISO 8601 in UTC with microseconds, taken when the record
+    was made (not when it is formatted). Cheaper than structlog's TimeStamper, a large part of a
+    line's cost: the date and time are formatted once per second."""
+
+    __slots__ = ("_cached",)
+
+    def __init__(self) -> None:
+        # (second, its formatted date and time), replaced as one tuple: safe across threads.
+        self._cached: tuple[int, str] = (-1, "")
+
+    def __call__(self, _: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
+        record: logging.LogRecord | None = event_dict.get("_record")
+        created = record.created if record is not None else time.time()
+        second = int(created)
+        cached_second, prefix = self._cached
+        if second != cached_second:
+            prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._cached = (second, prefix)
+        event_dict["timestamp"] = f"{prefix}.{int((created - second) * 1_000_000):06d}Z"
+        return event_dict
 
 
 def _drop_color_message(_: WrappedLogger, __: str, event_dict: EventDict) -> EventDict:
@@ -219,7 +245,7 @@ def logging_handler(log_format: LogFormat, *, stream: TextIO | None = None) -> l
         structlog.stdlib.add_logger_name,
         _add_extra,
         _drop_color_message,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
+        _IsoTimestamp(),
     ]
     structlog.configure(
         processors=[
