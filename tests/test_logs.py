@@ -8,6 +8,7 @@ import io
 import json
 import logging
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -106,7 +107,8 @@ async def test_every_line_of_a_run_carries_its_fields_and_start_end_lines_are_wr
         assert {k: line[k] for k in JOB_FIELDS} == {
             "job_id": job_id, "job": Logged.name, "user_uid": "alice", "attempt": 1,
         }, line
-        assert line["level"] == "info" and "timestamp" in line
+        assert line["level"] == "info"
+        assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z", line["timestamp"]), line["timestamp"]
     assert mine[2]["step"] == 2 and mine[1]["logger"] == "tests.logs.job"
     finished = mine[-1]
     assert finished["outcome"] == "SUCCESS" and "error_type" not in finished
