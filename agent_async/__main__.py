@@ -25,6 +25,7 @@ from agent_async.agent import Agent
 from agent_async.client import ClientAgent
 from agent_async.errors import ConfigurationError, QueueUnavailableError, RequestRefusedError
 from agent_async.job import init_jobs
+from agent_async.logs import configure_logging
 from agent_async.settings import AgentSettings
 
 __all__ = ["main"]
@@ -107,9 +108,9 @@ def _operator(args: argparse.Namespace, settings: AgentSettings) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     level = logging.INFO if args.command in ("worker", "healthcheck") else logging.WARNING
-    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = AgentSettings.from_env()
+        configure_logging(settings.log_format, level=level)
         if args.command == "worker":
             return _worker(args, settings)
         if args.command == "healthcheck":

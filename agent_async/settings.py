@@ -6,10 +6,12 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
+from enum import Enum
 from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from agent_async.errors import ConfigurationError
+from agent_async.logs import LogFormat
 
 __all__ = ["AgentSettings"]
 
@@ -74,6 +76,8 @@ class AgentSettings:
     # lost" (agent_async.runs): far above the pause between two heartbeats of any job, since a live
     # run marked stale can no longer record its own outcome.
     run_stale_after_s: float = 2700.0
+    # How log lines are rendered (agent_async.logs): `console` for people, `json` for collectors.
+    log_format: LogFormat = LogFormat.CONSOLE
 
     ENV = {
         "redis_url": "AGENT_REDIS_URL",
@@ -98,6 +102,7 @@ class AgentSettings:
         "storage_chunk_bytes": "AGENT_STORAGE_CHUNK_BYTES",
         "large_store_max_age_s": "AGENT_LARGE_STORE_MAX_AGE_SECONDS",
         "run_stale_after_s": "AGENT_RUN_STALE_SECONDS",
+        "log_format": "AGENT_LOG_FORMAT",
     }
 
     def __post_init__(self) -> None:
@@ -126,6 +131,8 @@ class AgentSettings:
         self._check(self.storage_chunk_bytes >= 1024, "storage_chunk_bytes", "must be >= 1024")
         self._check(self.large_store_max_age_s > 0, "large_store_max_age_s", "must be > 0")
         self._check(self.run_stale_after_s > 0, "run_stale_after_s", "must be > 0")
+        self._check(isinstance(self.log_format, LogFormat), "log_format",
+                    f"expected a LogFormat member ({_choices(LogFormat)})")
 
     def _check(self, ok: bool, name: str, why: str) -> None:
         if not ok:
@@ -173,7 +180,17 @@ def _parse_bool(raw: str) -> bool:
     raise ValueError(raw)
 
 
+def _choices(kind: type[Enum]) -> str:
+    return ", ".join(str(member.value) for member in kind)
+
+
 def _parse(var: str, raw: str, kind: type[_T]) -> Any:
+    if issubclass(kind, Enum):
+        try:
+            return kind(raw.strip().lower())
+        except ValueError:
+            why = f"expected one of {_choices(kind)}"
+            raise ConfigurationError(f"invalid setting {var}={_redact(raw)!r}: {why}") from None
     parsers: dict[type, Callable[[str], Any]] = {
         bool: _parse_bool,
         int: int,

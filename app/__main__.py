@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from agent_async import AgentError, ConfigurationError
+from agent_async.logs import configure_logging
 from agent_async.storage.engine import describe, parse_url
 from app.db import require_async_url
 from app.settings import AppSettings
@@ -67,7 +68,6 @@ async def _serve_api(settings: AppSettings, host: str, port: int) -> None:
     config = Config.from_object("app.hypercorn_config")
     config.bind = [f"{host}:{port}"]
     config.accesslog = None
-    config.errorlog = "-"
     stop = _stop_event()
     logger.info("API on http://%s:%d (OpenAPI at /openapi.json, docs at /docs)", host, port)
     try:
@@ -141,9 +141,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         settings = AppSettings.from_env()
+        configure_logging(settings.agent.log_format)
         if args.command in _DATABASE_COMMANDS:
             require_async_url(settings.agent.database_url)  # one clear line, not a traceback at connect
         port = settings.port if getattr(args, "port", None) is None else args.port

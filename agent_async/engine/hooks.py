@@ -31,6 +31,7 @@ from redis.asyncio import Redis
 from agent_async.engine.wire import EngineNames, dropped_from_result
 from agent_async.errors import AgentError
 from agent_async.lifecycle import JobStatus, Outcome, StartDecision, dropped_outcome, interrupted_outcome
+from agent_async.logs import job_fields
 from agent_async.outage import OUTAGE_ERRORS, RedisOutage
 from agent_async.registry import JobRegistry
 from agent_async.schedules.scheduler import FireResult
@@ -154,7 +155,10 @@ class Hooks:
             if not decision.run:
                 return
             job_id = self._names.job_id(ctx["job_id"]) or ctx["job_id"]
-            outcome = await self._jobs.run(name, payload, job_id=job_id, decision=decision)
+            # Bound before the runner creates the attempt's task: the task copies the context, so
+            # every line of the run (process() included) carries the fields.
+            with job_fields(job_id=job_id, job=name, user_uid=decision.user_uid, attempt=decision.attempts):
+                outcome = await self._jobs.run(name, payload, job_id=job_id, decision=decision)
             ctx[_CTX_OUTCOME] = outcome
             if outcome.status is JobStatus.RETRY:
                 raise Retry(defer=outcome.retry_in_s)
@@ -177,7 +181,8 @@ class Hooks:
             self._commits[ctx["job_id"]] = call
             return
         try:
-            await self.write_outcome(job_id, lambda: self._store.run(call))
+            with job_fields(job_id=job_id, job=decision.name, user_uid=decision.user_uid, attempt=decision.attempts):
+                await self.write_outcome(job_id, lambda: self._store.run(call))
         finally:
             self._jobs.release(job_id)
 

@@ -12,7 +12,10 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, TypeVar
 
+import structlog
+
 from agent_async.errors import AgentError
+from agent_async.logs import LogSetup, configure_logging, current_setup
 
 __all__ = ["ChildProcessLost", "RunHandle", "current_run", "run_in_child"]
 
@@ -63,9 +66,27 @@ class RunHandle:
 current_run: ContextVar[RunHandle | None] = ContextVar("agent_async_current_run", default=None)
 
 
-def _child_main(conn: Connection, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+@dataclass(frozen=True, slots=True)
+class _ChildLogging:
+    """The parent's log setup and the run's bound fields, repeated in the child: a fresh
+    interpreter, whose lines would otherwise have neither."""
+
+    setup: LogSetup
+    fields: dict[str, Any]
+
+
+def _child_main(
+    conn: Connection,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    logs: _ChildLogging | None = None,
+) -> None:
     # The worker's SIGINT (Ctrl-C in a terminal) must not kill children before the job decides.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if logs is not None:
+        configure_logging(logs.setup.log_format, level=logs.setup.level)
+        structlog.contextvars.bind_contextvars(**logs.fields)
     try:
         outcome: tuple[bool, Any] = (True, fn(*args, **kwargs))
     except BaseException as exc:  # sent back to the parent, which re-raises it
@@ -85,7 +106,9 @@ async def run_in_child(fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _
     """
     loop = asyncio.get_running_loop()
     receiver, sender = _MP.Pipe(duplex=False)
-    child = _MP.Process(target=_child_main, args=(sender, fn, args, kwargs), daemon=True)
+    setup = current_setup()
+    logs = _ChildLogging(setup, structlog.contextvars.get_contextvars()) if setup is not None else None
+    child = _MP.Process(target=_child_main, args=(sender, fn, args, kwargs, logs), daemon=True)
     child.start()
     sender.close()
     handle = current_run.get()

@@ -6,6 +6,7 @@ import asyncio
 import logging
 import math
 import random
+import time
 from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass
@@ -27,6 +28,10 @@ JobContextFactory = Callable[[], AbstractAsyncContextManager[Any]]
 # After phase 2 (children killed) a task gets this long to finish before it is abandoned.
 _AFTER_KILL_WAIT_S = 1.0
 _CHILD_EXIT_POLL_S = 0.05
+# The `outcome` of a run's end line when the worker itself stopped it (its state is decided by the
+# resume rule afterwards), and the `error_type` of a result that is not a JSON object.
+_INTERRUPTED = "INTERRUPTED"
+_INVALID_RESULT = "InvalidResult"
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,12 +93,28 @@ class JobRunner:
     async def run(
         self, payload: dict[str, Any], *, job_id: str, user_uid: str | None, attempt: int, handle: RunHandle
     ) -> Outcome:
+        # One start and one end line per run; the run's fields (job_id, job, user_uid, attempt)
+        # are bound by the caller (agent_async.engine.hooks), never the payload or the result.
+        started_s = time.perf_counter()
+        logger.info("job started")
+        try:
+            ended = await self._attempt(payload, job_id=job_id, user_uid=user_uid, attempt=attempt, handle=handle)
+        except asyncio.CancelledError:
+            _log_finished(started_s, _INTERRUPTED, ErrorKind.WORKER_SHUTDOWN.value)
+            raise
+        _log_finished(started_s, ended.outcome.status.value, ended.error_type)
+        return ended.outcome
+
+    async def _attempt(
+        self, payload: dict[str, Any], *, job_id: str, user_uid: str | None, attempt: int, handle: RunHandle
+    ) -> _Ended:
         try:
             request = self.request_class.from_payload(payload)
         except RequestRefusedError as exc:
             # The stored payload no longer builds the request (its fields changed since it was
             # queued): no retry can fix that.
-            return Outcome(JobStatus.FAILURE, error=f"the payload does not fit {self.request_class.__name__}: {exc}")
+            error = f"the payload does not fit {self.request_class.__name__}: {exc}"
+            return _Ended(Outcome(JobStatus.FAILURE, error=error), type(exc).__name__)
         token = current_run.set(handle)
         try:
             task = asyncio.create_task(self._process(request, job_id, user_uid), name=f"job {job_id}")
@@ -114,7 +135,7 @@ class JobRunner:
                 await self.job.authorize(request, user_uid=user_uid, job_id=job_id)
             return await self.job.process(request, user_uid=user_uid, job_id=job_id)
 
-    async def _supervise(self, task: asyncio.Task[dict[str, Any]], handle: RunHandle, attempt: int) -> Outcome:
+    async def _supervise(self, task: asyncio.Task[dict[str, Any]], handle: RunHandle, attempt: int) -> _Ended:
         soft_s = float(self.request_class.soft_timeout_seconds)
         await _first_of(task, handle, soft_s)
         if task.done() and not handle.cancel_requested:
@@ -124,12 +145,12 @@ class JobRunner:
         why = "cancel requested" if canceled else f"soft time limit of {soft_s:g}s exceeded"
         phase = await self._stop(task, handle, why, grace_s)
         if canceled:
-            return Outcome(JobStatus.CANCELED, error=f"canceled while running ({phase})")
+            return _Ended(Outcome(JobStatus.CANCELED, error=f"canceled while running ({phase})"))
         if phase == "stopped cooperatively":
             return self._failed(SoftTimeLimitExceeded(why), attempt)
         hard_s = soft_s + grace_s
-        return Outcome(JobStatus.FAILURE,
-                       error=ErrorKind.HARD_TIME_LIMIT.describe(f"hard time limit of {hard_s:g}s exceeded ({phase})"))
+        error = ErrorKind.HARD_TIME_LIMIT.describe(f"hard time limit of {hard_s:g}s exceeded ({phase})")
+        return _Ended(Outcome(JobStatus.FAILURE, error=error), ErrorKind.HARD_TIME_LIMIT.value)
 
     async def _stop(self, task: asyncio.Task[Any], handle: RunHandle, why: str, grace_s: float) -> str:
         """Phase 1, then phase 2 if needed; says which one ended the attempt."""
@@ -155,7 +176,7 @@ class JobRunner:
         task.add_done_callback(_consume)
         return f"abandoned after {grace_s:g}s: the job ignores cancellation"
 
-    def _finished(self, task: asyncio.Task[dict[str, Any]], attempt: int) -> Outcome:
+    def _finished(self, task: asyncio.Task[dict[str, Any]], attempt: int) -> _Ended:
         if task.cancelled():
             # process() cancelled itself (or awaited something that was): treat as a failure.
             return self._failed(asyncio.CancelledError("process() was cancelled"), attempt)
@@ -164,7 +185,7 @@ class JobRunner:
             return self._failed(exc, attempt)
         return self._succeeded(task.result())
 
-    def _succeeded(self, result: object) -> Outcome:
+    def _succeeded(self, result: object) -> _Ended:
         if result is None:
             result = {}
         try:
@@ -172,23 +193,43 @@ class JobRunner:
                 raise ValueError(f"result is a {type(result).__name__}, expected a dict")
             codec.check_json_safe(result, "result")
         except ValueError as exc:
-            return Outcome(JobStatus.FAILURE, error=f"process() returned an invalid result: {exc}")
-        return Outcome(JobStatus.SUCCESS, result=result)
+            error = f"process() returned an invalid result: {exc}"
+            return _Ended(Outcome(JobStatus.FAILURE, error=error), _INVALID_RESULT)
+        return _Ended(Outcome(JobStatus.SUCCESS, result=result))
 
-    def _failed(self, exc: BaseException, attempt: int) -> Outcome:
+    def _failed(self, exc: BaseException, attempt: int) -> _Ended:
+        kind = type(exc).__name__
         if isinstance(exc, AccessRevoked):
-            return Outcome(JobStatus.CANCELED, error=ErrorKind.ACCESS_REVOKED.describe(str(exc) or "access revoked"))
-        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            error = ErrorKind.ACCESS_REVOKED.describe(str(exc) or "access revoked")
+            return _Ended(Outcome(JobStatus.CANCELED, error=error), ErrorKind.ACCESS_REVOKED.value)
+        error = f"{kind}: {exc}" if str(exc) else kind
         retryable = isinstance(exc, self.request_class.retry_for)
         if retryable and attempt < self.request_class.max_try:
             delay_s = self.backoff.delay_s(attempt, at_least_s=retry_after_of(exc))
             logger.info("job %s attempt %d failed (%s); retry in %.2fs",
                         self.request_class.name, attempt, error, delay_s)
-            return Outcome(JobStatus.RETRY, error=error, retry_in_s=delay_s)
+            return _Ended(Outcome(JobStatus.RETRY, error=error, retry_in_s=delay_s), kind)
         if retryable:
             error = f"{error} (gave up after {attempt} attempts)"
         logger.warning("job %s failed: %s", self.request_class.name, error, exc_info=exc)
-        return Outcome(JobStatus.FAILURE, error=error)
+        return _Ended(Outcome(JobStatus.FAILURE, error=error), kind)
+
+
+@dataclass(frozen=True, slots=True)
+class _Ended:
+    """An attempt's outcome, and what ended it for the log (an exception's class name or an
+    ErrorKind; never its message, which may quote the payload)."""
+
+    outcome: Outcome
+    error_type: str | None = None
+
+
+def _log_finished(started_s: float, outcome: str, error_type: str | None) -> None:
+    duration_s = round(time.perf_counter() - started_s, 6)
+    extra: dict[str, object] = {"duration_s": duration_s, "outcome": outcome}
+    if error_type is not None:
+        extra["error_type"] = error_type
+    logger.info("job finished", extra=extra)
 
 
 async def _first_of(task: asyncio.Task[Any], handle: RunHandle, timeout_s: float) -> None:

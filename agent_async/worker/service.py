@@ -14,6 +14,7 @@ from agent_async.engine import Engine
 from agent_async.errors import AgentError
 from agent_async.job import JobResources
 from agent_async.lifecycle import Outcome, StartDecision
+from agent_async.logs import silence_engine_job_lines
 from agent_async.outage import RedisOutage
 from agent_async.registry import JobRegistry
 from agent_async.settings import AgentSettings
@@ -78,6 +79,9 @@ class WorkerService:
         if self.runtime is not None:
             return  # arq's loop restarted after a Redis error: everything below is running
         await self._store.load_scripts()
+        # The engine's per-job lines print the job's arguments (our payload): dropped even where
+        # the service did not call configure_logging.
+        silence_engine_job_lines()
         for hook in self._on_startup:
             await hook()
         recovery = JobRecovery(self._store, engine=self._engine, page_size=_RECOVERY_PAGE)
