@@ -28,6 +28,7 @@ from agent_async.groups import GroupFinalizer, GroupView
 from agent_async.guard import CircuitState, ConnectionGuard, GuardConfig, GuardRetryable, GuardState
 from agent_async.job import Job, JobResources, agent_job, init_jobs
 from agent_async.lifecycle import ACTIVE, TERMINAL, ErrorKind, JobStatus
+from agent_async.logs import LogFormat, configure_logging
 from agent_async.registry import JobRegistry, registry
 from agent_async.request import JobRequest
 from agent_async.runs import RunRecord, RunRecords, RunStatus, RunTrigger
@@ -72,6 +73,7 @@ __all__ = [
     "JobResources",
     "JobState",
     "JobStatus",
+    "LogFormat",
     "QueueStats",
     "QueueUnavailableError",
     "RequestCode",
@@ -87,6 +89,7 @@ __all__ = [
     "StorageUnavailableError",
     "WorkerInfo",
     "agent_job",
+    "configure_logging",
     "init_jobs",
     "registry",
     "report_progress",
