@@ -22,7 +22,7 @@ answered: a 404, a body that does not parse) and resets the count. A cancellatio
 it frees the trial, and the slot too if the request had not started.
 
 Pacing: Redis hands out slots never closer than `min_interval_s`, across all processes; a caller
-wakes at its slot mapped onto its monotonic clock (see _SlotClock), so starts are as far apart as
+wakes at its slot mapped onto its monotonic clock (see SlotClock), so starts are as far apart as
 slots, less the event loop's timer jitter (it wakes up to about 1 ms late, never early).
 """
 
@@ -30,11 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from enum import Enum
 from types import TracebackType
 from typing import Any
@@ -44,7 +42,19 @@ from redis.exceptions import BusyLoadingError, RedisError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from agent_async.errors import AgentError, ConfigurationError, ConnectionCoolingDown, QueueUnavailableError
+from agent_async.errors import ConfigurationError, ConnectionCoolingDown, QueueUnavailableError
+from agent_async.guard.clock import SlotClock
+from agent_async.guard.model import (
+    DEFAULT_GUARD_CONFIG,
+    CircuitState,
+    GuardConfig,
+    GuardPermit,
+    GuardRetryable,
+    GuardState,
+    is_transient,
+    parse_state,
+    text_of,
+)
 from agent_async.store.keys import KeySpace
 from agent_async.store.scripts import LuaScript, lua_source, run_script
 
@@ -55,129 +65,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# A guard's state outlives an idle spell this long, or this many times its longest timing; then it
-# is forgotten (a connection unused for that long starts again closed, no failures counted).
-_MIN_IDLE_TTL_MS = 60_000
-_IDLE_TTL_FACTOR = 3
-# How long one estimate of Redis's clock on ours is trusted before it is taken afresh (bounds drift).
-_CLOCK_WINDOW_S = 10.0
 # `ConnectionGuard.states()` lists at most this many connections by default.
 MAX_LISTED = 500
 # A listed name whose state has expired is dropped from the registry this long after its last use.
 _FORGET_NAME_MS = 86_400_000
-
-
-class GuardRetryable(AgentError):
-    """Raise inside a guarded block to count a failure the rule would not (an HTTP 429 or 5xx); it
-    propagates out of the block unchanged, like any other exception."""
-
-
-def is_transient(exc: BaseException) -> bool:
-    """The default retryable rule: the connection failed, not the request.
-
-    OSError covers ConnectionError and TimeoutError (asyncio's included); httpx's TransportError
-    (connect, read, pool timeouts, protocol errors) is recognised by name, so httpx stays optional.
-    The library's own errors (Redis down under QueueUnavailableError, say) are never the host's fault.
-    """
-    if isinstance(exc, AgentError):
-        return isinstance(exc, GuardRetryable)
-    if isinstance(exc, OSError):
-        return True
-    return any(cls.__name__ == "TransportError" and cls.__module__.startswith("httpx") for cls in type(exc).__mro__)
-
-
-@dataclass(frozen=True, slots=True)
-class GuardConfig:
-    """How one named connection is paced and when its circuit opens. Seconds throughout.
-
-    `is_retryable(exc)` says which exceptions count as failures (a GuardRetryable always does).
-    Every process using a name should give it the same config: the state is shared, the numbers
-    each call applies are its caller's.
-    """
-
-    min_interval_s: float = 0.0
-    failure_threshold: int = 5
-    cooldown_s: float = 30.0
-    # How long a half-open trial may take before another caller gets a trial instead.
-    trial_timeout_s: float = 30.0
-    is_retryable: Callable[[BaseException], bool] = is_transient
-
-    def __post_init__(self) -> None:
-        threshold = self.failure_threshold
-        if isinstance(threshold, bool) or not isinstance(threshold, int) or threshold < 1:
-            raise ConfigurationError(f"GuardConfig.failure_threshold must be an int of at least 1, not {threshold!r}")
-        for name, value, positive in (
-            ("min_interval_s", self.min_interval_s, False),
-            ("cooldown_s", self.cooldown_s, False),
-            ("trial_timeout_s", self.trial_timeout_s, True),
-        ):
-            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-                raise ConfigurationError(f"GuardConfig.{name} must be a finite number of seconds, not {value!r}")
-            if value < 0 or (positive and value == 0):
-                raise ConfigurationError(f"GuardConfig.{name} must be {'positive' if positive else '>= 0'}: {value}")
-        if not callable(self.is_retryable):
-            raise ConfigurationError("GuardConfig.is_retryable must be a callable taking the exception")
-
-    @property
-    def idle_ttl_ms(self) -> int:
-        longest_s = max(self.cooldown_s, self.min_interval_s, self.trial_timeout_s)
-        return max(_MIN_IDLE_TTL_MS, math.ceil(_IDLE_TTL_FACTOR * longest_s * 1000))
-
-
-DEFAULT_GUARD_CONFIG = GuardConfig()
-
-
-class CircuitState(Enum):
-    CLOSED = "closed"  # requests go (paced)
-    OPEN = "open"  # cooling down: every request refused at once
-    HALF_OPEN = "half-open"  # cooldown over: one trial request at a time, the rest refused
-
-    @classmethod
-    def from_code(cls, code: int) -> CircuitState:
-        """The Lua scripts' circuit codes (guard_lib.lua)."""
-        return (cls.CLOSED, cls.OPEN, cls.HALF_OPEN)[code]
-
-
-@dataclass(frozen=True, slots=True)
-class GuardState:
-    """A guarded connection as data (for an API or metrics). Times: epoch ms on Redis's clock.
-
-    `cooldown_until_ms` is when the cooldown ends (OPEN) or ended (HALF_OPEN); `trial_until_ms`,
-    when the trial in flight loses its reservation; `next_slot_ms`, the earliest start the next
-    paced request can get (in the past when the connection is idle). None: not recorded.
-    """
-
-    name: str
-    state: CircuitState
-    failures: int  # retryable failures in a row
-    cooldown_until_ms: int | None
-    trial_until_ms: int | None
-    next_slot_ms: int | None
-    last_error: str | None  # class name of the last retryable failure
-    last_error_ms: int | None
-    observed_ms: int  # Redis's clock when this was read
-
-    @property
-    def retry_after_s(self) -> float:
-        """How long a request would be refused from `observed_ms` on (0: it would be admitted)."""
-        until_ms = self.cooldown_until_ms if self.state is CircuitState.OPEN else self.trial_until_ms
-        return 0.0 if until_ms is None else max(0.0, (until_ms - self.observed_ms) / 1000)
-
-    def to_dict(self) -> dict[str, object]:
-        """JSON types only: the state by its value ("half-open"), times in ms."""
-        fields = {name: getattr(self, name) for name in self.__dataclass_fields__}
-        return {**fields, "state": self.state.value, "retry_after_s": self.retry_after_s}
-
-
-@dataclass(frozen=True, slots=True)
-class GuardPermit:
-    """What `async with guard.request(name) as permit` gives: how the request was admitted."""
-
-    name: str
-    trial: bool  # the one request of a half-open circuit
-    waited_s: float  # the paced wait before the slot
-    slot_us: int  # the slot, epoch microseconds on Redis's clock
-    token: str = field(repr=False)  # tells this caller's trial from a later one's
 
 
 class _Outcome(Enum):
@@ -186,63 +77,12 @@ class _Outcome(Enum):
     DROP = "drop"  # no verdict: cancelled, or given up before it started
 
 
-class _SlotClock:
-    """Redis's clock mapped onto this process's monotonic clock, to wake paced callers on their slot.
-
-    A reply reaches its caller some delay after the script read TIME; sleeping the script's wait
-    from then makes each caller late by its own delay, and in a burst the loop hands replies out
-    milliseconds apart. The smallest (receipt - Redis time) seen is the mapping with the least
-    delay in it: since no delay is negative, waking at slot + that offset is never early. Taken
-    afresh every _CLOCK_WINDOW_S (a later estimate only wakes callers later), so drift stays small.
-    """
-
-    __slots__ = ("_offset_s", "_since")
-
-    def __init__(self) -> None:
-        self._offset_s = math.inf
-        self._since = -math.inf
-
-    def observe(self, redis_now_us: int, received: float) -> None:
-        """A reply computed at `redis_now_us` (Redis's clock) arrived at `received` (time.monotonic())."""
-        offset_s = received - redis_now_us / 1_000_000
-        if offset_s < self._offset_s or received - self._since > _CLOCK_WINDOW_S:
-            self._offset_s, self._since = offset_s, received
-
-    def wait_s(self, slot_us: int) -> float:
-        return max(0.0, slot_us / 1_000_000 + self._offset_s - time.monotonic())
-
-
 def _script(name: str) -> LuaScript:
     return LuaScript(lua_source("agent_async.store", "guard_lib.lua") + "\n" + lua_source("agent_async.store", name))
 
 
 def _us(seconds: float) -> int:
     return round(seconds * 1_000_000)
-
-
-def _text(value: object) -> str | None:
-    return None if value is None else value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _ms(value: object) -> int | None:
-    """An epoch-microsecond reply as epoch milliseconds."""
-    text = _text(value)
-    return None if text is None else int(text) // 1000
-
-
-def _parse_state(name: str, reply: Any) -> GuardState:
-    """One entry of guard_state.lua's reply."""
-    return GuardState(
-        name=name,
-        state=CircuitState.from_code(int(reply[0])),
-        failures=int(reply[2]),
-        cooldown_until_ms=_ms(reply[3]),
-        trial_until_ms=_ms(reply[4]),
-        next_slot_ms=_ms(reply[5]),
-        last_error=_text(reply[6]),
-        last_error_ms=_ms(reply[7]),
-        observed_ms=int(reply[1]) // 1000,
-    )
 
 
 # What "Redis is down" looks like to a guard call: it becomes QueueUnavailableError (the API's 503).
@@ -286,7 +126,7 @@ class ConnectionGuard:
         # Longest first, so the first match is the most specific.
         prefixes = [(name[:-1], c) for name, c in configs.items() if name.endswith("*")]
         self._prefixes = sorted(prefixes, key=lambda item: -len(item[0]))
-        self._clock = _SlotClock()
+        self._clock = SlotClock()
         self._acquire = _script("guard_acquire.lua")
         self._release = _script("guard_release.lua")
         self._state = _script("guard_state.lua")
@@ -325,7 +165,7 @@ class ConnectionGuard:
             listed = await redis.zrevrange(self.keys.guard_names, 0, limit - 1, withscores=True)
         except _UNREACHABLE as exc:
             raise _unavailable("list the guarded connections", exc) from exc
-        names = [_text(name) or "" for name, _ in listed]
+        names = [text_of(name) or "" for name, _ in listed]
         if not names:
             return []
         read = await self._read(names, "list the guarded connections")
@@ -343,7 +183,7 @@ class ConnectionGuard:
             replies = await run_script(self._client(), self._state([self.key(name) for name in names], []))
         except _UNREACHABLE as exc:
             raise _unavailable(what, exc) from exc
-        return [(_parse_state(name, reply), int(reply[8]) == 1) for name, reply in zip(names, replies, strict=True)]
+        return [(parse_state(name, reply), int(reply[8]) == 1) for name, reply in zip(names, replies, strict=True)]
 
     async def reset(self, name: str) -> GuardState:
         """Forget a connection's failures, cooldown, trial and pacing: it starts again closed.
