@@ -505,6 +505,10 @@ async def test_a_deadlock_victim_is_run_again_and_other_errors_are_not(
         """The engine, except that the next begin()s fail with `failures`, as the driver would."""
 
         calls = 0
+        dialect = engine.dialect
+
+        def execution_options(self, **options: Any) -> Any:
+            return self  # the write option of agent_async.storage.engine.writing: nothing to fake
 
         def begin(self) -> Any:
             Flaky.calls += 1

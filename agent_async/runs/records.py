@@ -21,7 +21,7 @@ from agent_async.errors import AgentError
 from agent_async.runs import tables
 from agent_async.runs.tables import TERMINAL_RUN_STATUSES, RunRecord, RunStatus, RunTrigger, run_table
 from agent_async.settings import AgentSettings
-from agent_async.storage.engine import create_engine, describe, parse_url, translate_errors
+from agent_async.storage.engine import create_engine, describe, parse_url, translate_errors, writing
 from agent_async.store.codec import check_json_safe
 
 __all__ = [
@@ -183,7 +183,7 @@ class RunRecords:
         with translate_errors(self._url):
             for attempt in range(1, _DEADLOCK_ATTEMPTS + 1):
                 try:
-                    async with self._db().begin() as conn:
+                    async with writing(self._db()).begin() as conn:
                         return await work(conn)
                 except exc.DBAPIError as error:
                     if attempt == _DEADLOCK_ATTEMPTS or not _is_deadlock(error):

@@ -12,7 +12,7 @@ from sqlalchemy import delete, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from agent_async.schedules.tables import schedule_change_table, schedule_override_table
-from agent_async.storage.engine import create_engine, parse_url, translate_errors
+from agent_async.storage.engine import create_engine, parse_url, translate_errors, writing
 
 __all__ = ["UNSET", "ScheduleChange", "ScheduleOverride", "ScheduleOverrides"]
 
@@ -101,7 +101,7 @@ class ScheduleOverrides:
         table = schedule_override_table
         this = (table.c.namespace == self.namespace) & (table.c.schedule_name == schedule_name)
         with translate_errors(self._url):
-            async with self._db().begin() as conn:
+            async with writing(self._db()).begin() as conn:
                 # The write comes first: on SQLite (WAL) a transaction that read first and writes
                 # after another connection committed fails at once ("database is locked") instead
                 # of waiting its turn; one that starts by writing waits for the lock.
@@ -139,7 +139,7 @@ class ScheduleOverrides:
     async def clear(self, schedule_name: str) -> None:
         """Remove the override (tests, tooling); the change log is kept."""
         with translate_errors(self._url):
-            async with self._db().begin() as conn:
+            async with writing(self._db()).begin() as conn:
                 table = schedule_override_table
                 this = (table.c.namespace == self.namespace) & (table.c.schedule_name == schedule_name)
                 await conn.execute(delete(table).where(this))

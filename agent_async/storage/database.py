@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from agent_async.errors import StorageIntegrityError
 from agent_async.settings import AgentSettings
 from agent_async.storage.base import BlobStream, ClientStorage
-from agent_async.storage.engine import create_engine, describe, parse_url, translate_errors
+from agent_async.storage.engine import create_engine, describe, parse_url, translate_errors, writing
 from agent_async.storage.reference import key_of, new_key, reference_of
 from agent_async.storage.schema import CONTENT_TYPE_CHARS, blob_table, chunk_table
 from agent_async.storage.source import StorageSource, source_value
@@ -130,7 +130,8 @@ class ClientStorageDatabase(ClientStorage):
                 yield conn
             return
         with translate_errors(self._url, connecting=True):
-            conn = await self._get_engine().connect()
+            engine = self._get_engine()
+            conn = await (writing(engine) if write else engine).connect()
         try:
             with translate_errors(self._url):
                 async with conn.begin():

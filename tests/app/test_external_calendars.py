@@ -15,6 +15,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -22,7 +23,9 @@ from redis.asyncio import Redis
 from sqlalchemy import text
 
 from agent_async import ConfigurationError, JobStatus, RunStatus, RunTrigger
+from app.db import create_app_engine
 from app.factory import create_app
+from app.migrate import upgrade
 from app.module.calendar.fetch import (
     FetchErrorKind,
     FetchPolicy,
@@ -32,6 +35,7 @@ from app.module.calendar.fetch import (
     fetch_ics,
 )
 from app.module.calendar.jobs.sync_external_auto import interleave_hosts
+from app.module.calendar.model import Event
 from app.module.calendar.repository import CalendarRepository, DueCalendar
 from app.module.calendar.requests import JobRequestSyncExternal
 from app.module.calendar.sweep_requests import (
@@ -613,6 +617,29 @@ async def test_due_calendars_come_from_the_index_longest_waiting_first(ext_api: 
     assert response.status_code == 200
     assert [c.key for c in await repository.due_external(now, limit=10)] == [keys[3], keys[1]]
     await _set_last_sync(ext_api, now)  # leave nothing due for the next test on this database
+
+
+async def test_concurrent_syncs_on_sqlite_queue_for_the_write_lock(tmp_path: Path) -> None:
+    """A plain BEGIN reads, then fails to upgrade to a write once another sync has committed
+    ("database is locked", not covered by busy_timeout): 11 of 12 failed before writes began IMMEDIATE."""
+    url = f"sqlite+aiosqlite:///{tmp_path / 'race.db'}"
+    upgrade(url)
+    engine = create_app_engine(url)
+    try:
+        repository = CalendarRepository(engine)
+        keys = [(await repository.create_external_calendar("u", f"c{n}", f"http://h/{n}.ics", 60))[0].key
+                for n in range(12)]
+        start = datetime(2030, 1, 1, 9, tzinfo=UTC)
+        events = [Event(uid=f"e{n}@race", summary="s", start=start, end=start + timedelta(hours=1))
+                  for n in range(30)]
+        results = await asyncio.gather(*(
+            repository.apply_sync(key, "u", events, at=datetime.now(UTC), etag=None, last_modified=None)
+            for key in keys
+        ), return_exceptions=True)
+        assert [r for r in results if isinstance(r, BaseException)] == []
+        assert all(r is not None and r.imported == 30 for r in results)
+    finally:
+        await engine.dispose()
 
 
 def test_the_sweep_takes_hosts_in_turn() -> None:

@@ -16,6 +16,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, InterfaceError, Operation
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from agent_async import StorageUnavailableError
+from agent_async.storage.engine import writing
 from app.db import from_db_time, to_db_time
 from app.module.calendar import tables
 from app.module.calendar.model import Calendar, Event, ExternalSource, ImportCounts, SyncCounts
@@ -112,13 +113,15 @@ class CalendarRepository:
 
     def __init__(self, engine: AsyncEngine) -> None:
         self._engine = engine
+        # Every begin() below writes: on SQLite it takes the write lock up front (see `writing`).
+        self._writer = writing(engine)
 
     async def create_calendar(self, owner_uid: str, name: str) -> Calendar:
         calendar = Calendar(
             key=uuid.uuid4().hex, owner_uid=owner_uid, name=name, created_at=datetime.now(UTC).replace(microsecond=0)
         )
         with storage_errors("the calendar could not be stored"):
-            async with self._engine.begin() as conn:
+            async with self._writer.begin() as conn:
                 await conn.execute(
                     insert(tables.calendars).values(
                         key=calendar.key, owner_uid=owner_uid, name=name, created_at=to_db_time(calendar.created_at)
@@ -144,7 +147,7 @@ class CalendarRepository:
     async def rename_calendar(self, key: str, owner_uid: str, name: str) -> Calendar | None:
         """The renamed calendar, or None if the owner has no such calendar."""
         with storage_errors("the calendar could not be stored"):
-            async with self._engine.begin() as conn:
+            async with self._writer.begin() as conn:
                 calendar = await self._owned_calendar(conn, key, owner_uid)
                 if calendar is None:
                     return None
@@ -154,7 +157,7 @@ class CalendarRepository:
     async def delete_calendar(self, key: str, owner_uid: str) -> bool:
         """Delete the calendar and its events in one transaction; False if the owner has no such calendar."""
         with storage_errors("the calendar could not be deleted"):
-            async with self._engine.begin() as conn:
+            async with self._writer.begin() as conn:
                 if await self._owned_calendar(conn, key, owner_uid) is None:
                     return False
                 # Explicitly: SQLite enforces the ON DELETE CASCADE only with PRAGMA foreign_keys=ON.
@@ -173,7 +176,7 @@ class CalendarRepository:
 
     async def add_event(self, key: str, event: Event) -> None:
         with storage_errors("the event could not be stored"):
-            async with self._engine.begin() as conn:
+            async with self._writer.begin() as conn:
                 await conn.execute(
                     insert(tables.events).values(calendar_key=key, uid=event.uid, **_event_values(event))
                 )
@@ -189,7 +192,7 @@ class CalendarRepository:
         """Store `event`'s fields under its UID; False if the calendar has no event with that UID."""
         where = (tables.events.c.calendar_key == key, tables.events.c.uid == event.uid)
         with storage_errors("the event could not be stored"):
-            async with self._engine.begin() as conn:
+            async with self._writer.begin() as conn:
                 # Read first rather than trusting rowcount: MySQL counts changed rows, not matched ones.
                 if (await conn.execute(select(tables.events.c.id).where(*where))).first() is None:
                     return False
@@ -199,7 +202,7 @@ class CalendarRepository:
     async def delete_event(self, key: str, uid: str) -> bool:
         where = (tables.events.c.calendar_key == key, tables.events.c.uid == uid)
         with storage_errors("the event could not be deleted"):
-            async with self._engine.begin() as conn:
+            async with self._writer.begin() as conn:
                 if (await conn.execute(select(tables.events.c.id).where(*where))).first() is None:
                     return False
                 await conn.execute(delete(tables.events).where(*where))
@@ -230,7 +233,7 @@ class CalendarRepository:
         return None if row is None else _calendar(row)
 
     async def _upsert_events(self, key: str, incoming: Sequence[Event]) -> ImportCounts:
-        async with self._engine.begin() as conn:
+        async with self._writer.begin() as conn:
             counts, _ = await self._upsert_in(conn, key, incoming)
         return counts
 
@@ -270,7 +273,7 @@ class CalendarRepository:
         )
         source = ExternalSource(calendar_key=calendar.key, url=url, sync_interval_minutes=sync_interval_minutes)
         with storage_errors("the calendar could not be stored"):
-            async with self._engine.begin() as conn:
+            async with self._writer.begin() as conn:
                 await conn.execute(
                     insert(tables.calendars).values(
                         key=calendar.key, owner_uid=owner_uid, name=name, created_at=to_db_time(calendar.created_at)
@@ -293,7 +296,7 @@ class CalendarRepository:
         self, key: str, owner_uid: str, minutes: int
     ) -> tuple[Calendar, ExternalSource] | None:
         with storage_errors("the calendar could not be stored"):
-            async with self._engine.begin() as conn:
+            async with self._writer.begin() as conn:
                 found = await self._owned_external(conn, key, owner_uid)
                 if found is None:
                     return None
@@ -319,7 +322,7 @@ class CalendarRepository:
             values |= {"etag": _validator(etag), "last_modified": _validator(last_modified)}
         where = tables.external_sources.c.calendar_key == key
         with storage_errors("the calendar could not be stored"):
-            async with self._engine.begin() as conn:
+            async with self._writer.begin() as conn:
                 interval = tables.external_sources.c.sync_interval_minutes
                 minutes = (await conn.execute(select(interval).where(where))).scalar()
                 if minutes is None:
@@ -336,7 +339,7 @@ class CalendarRepository:
         longer has) and record the sync, all in one transaction: a failure leaves the calendar as it
         was. None if the calendar is no longer the owner's external calendar. Idempotent."""
         with storage_errors("the calendar could not be stored"):
-            async with self._engine.begin() as conn:
+            async with self._writer.begin() as conn:
                 found = await self._owned_external(conn, key, owner_uid)
                 if found is None:
                     return None
