@@ -86,6 +86,13 @@ class KeySpace:
         return f"{self.namespace}:events"
 
     @property
+    def metrics(self) -> str:
+        """Counters and histogram buckets (agent_async.metrics.layout), written by the store's scripts.
+
+        The guard scripts derive it from a guard key as well (guard_lib.lua's count_request): keep both."""
+        return f"{self.namespace}:metrics"
+
+    @property
     def recovery_lock(self) -> str:
         return f"{self.namespace}:lock:recovery"
 

@@ -29,3 +29,15 @@ local function keep(key, idle_ttl_ms, until_us, now)
   if until_us and until_us > now then ttl_ms = ttl_ms + math.ceil((until_us - now) / 1000) end
   redis.call('PEXPIRE', key, ttl_ms)
 end
+
+-- Counts one request outcome in the namespace's metrics hash (agent_async.metrics.layout). The
+-- hash is KEYS[2] when the caller passes it ('' turns counting off); otherwise it is derived from
+-- the state key, <namespace>:guard:<name>:state (KeySpace.guard + ':state'), as <namespace>:metrics.
+local function count_request(key, result)
+  local metrics = KEYS[2]
+  local namespace, name = string.match(key, '^(.-):guard:(.+):state$')
+  if not name then return end
+  if metrics == nil then metrics = namespace .. ':metrics' end
+  if metrics == '' then return end
+  redis.call('HINCRBY', metrics, 'greq|' .. name .. '|' .. result, 1)
+end

@@ -6,7 +6,7 @@
 
 local state, active, leases = KEYS[1], KEYS[2], KEYS[3]
 local job_id, new_status, now = ARGV[1], ARGV[2], ARGV[3]
-local h = redis.call('HMGET', state, 'status', 'error')
+local h = redis.call('HMGET', state, 'status', 'error', 'name')
 local current = h[1]
 if not current or is_terminal(current) then return 0 end
 if ARGV[5] ~= '' then redis.call('HSET', state, 'result', ARGV[5]) end
@@ -22,6 +22,10 @@ else
   redis.call('HSET', state, 'status', new_status, 'updated_ms', now)
   if ARGV[6] ~= '' then redis.call('HSET', state, 'error', ARGV[6]) end
   emit(state, job_id, new_status, now)
+  local name = h[3] or ''
+  if new_status == 'RETRY' then metric('retry|' .. name) end
+  if current == 'STARTED' and new_status ~= 'STARTED' then metric('run|' .. name, -1)
+  elseif current ~= 'STARTED' and new_status == 'STARTED' then metric('run|' .. name, 1) end
   redis.call('ZADD', active, now, job_id)
   if new_status ~= 'STARTED' then redis.call('ZREM', leases, job_id) end
 end
