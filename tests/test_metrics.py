@@ -18,11 +18,22 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
-from agent_async import Agent, ClientAgent, GroupFinalizer, Job, JobStatus, RequestRefusedError, agent_job
+from agent_async import (
+    Agent,
+    AgentSettings,
+    ClientAgent,
+    GroupFinalizer,
+    Job,
+    JobStatus,
+    QueueUnavailableError,
+    RequestRefusedError,
+    agent_job,
+)
 from agent_async.guard import ConnectionGuard, GuardConfig
 from agent_async.lifecycle import lua_constants
 from agent_async.metrics import BUCKETS_S, render
-from agent_async.metrics.collector import CONTENT_TYPE
+from agent_async.metrics.collector import CONTENT_TYPE, MetricsSnapshot
+from agent_async.metrics.layout import Field
 from agent_async.metrics.layout import lua_constants as metrics_constants
 from agent_async.store.scripts import EVENTS_KEPT, lua_source
 from agent_async.worker import JobRecovery
@@ -214,3 +225,21 @@ async def test_gauges_read_at_scrape(client: ClientAgent) -> None:
     assert value(samples, "queue_depth") == 1
     assert value(samples, "queue_oldest_age_seconds") == 0, "a deferred job is not due: nothing waits"
     assert CONTENT_TYPE.startswith("text/plain")
+
+
+async def test_redis_down_is_queue_unavailable(settings: AgentSettings) -> None:
+    """The API answers 503 for it (app/errors.py), never a 500 or an empty exposition."""
+    async with Agent(dataclasses.replace(settings, redis_url="redis://127.0.0.1:1/0")) as down:
+        with pytest.raises(QueueUnavailableError):
+            await render(ClientAgent(down))
+
+
+def test_counts_under_a_retired_bound_fold_into_the_next_one_up() -> None:
+    """Bounds changed since a count was written: it joins the next bound; unknown fields are skipped."""
+    snapshot = MetricsSnapshot.parse(
+        {b"dur_b|j|7": b"2", b"dur_b|j|10": b"1", b"dur_b|j|7200001": b"1", b"dur_sum|j": b"30", b"later|x": b"9"}
+    )
+    histogram = snapshot.histograms[Field.DURATION_BUCKET]["j"]
+    assert histogram.buckets_by_bound_ms == {10: 3, None: 1}
+    assert histogram.sum_ms == 30
+    assert all(not counts for counts in snapshot.counters.values())
