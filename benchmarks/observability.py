@@ -3,6 +3,10 @@ stream and the metrics counters (AGENT_EVENTS_ENABLED, AGENT_METRICS_ENABLED), "
 events alone against off (the earlier figure) too; and the Redis memory the stream takes per 10,000
 jobs and the metrics hash. Last line: one JSON object.
 
+On a shared machine whole-worker rounds swing with the neighbours' load; so the same run also times
+the only place observability adds work, the worker's two store scripts per job (start, then
+SUCCESS), in small batches alternating on/off (`scripts_ratio`: slow drifts in load cancel out).
+
 Usage: python benchmarks/observability.py [--jobs N] [--rounds R] [--redis-url URL]
 """
 
@@ -21,7 +25,7 @@ from typing import Any, ClassVar
 from _util import clean, run_worker_subprocess
 from redis.asyncio import Redis
 
-from agent_async import Agent, AgentSettings, ClientAgent, Job, JobRequest, agent_job
+from agent_async import Agent, AgentSettings, ClientAgent, Job, JobRequest, JobStatus, agent_job
 
 _RUNS: list[float] = []
 
@@ -78,6 +82,42 @@ async def one_round(n: int, redis_url: str, redis: Redis, mode: Mode) -> dict[st
             "metrics_bytes": metrics_bytes}
 
 
+_SCRIPT_BATCH = 100
+_SCRIPT_BATCHES = 30
+
+
+async def _timed_scripts(agent: Agent, client: ClientAgent) -> float:
+    """Seconds for one batch of jobs through start + SUCCESS, one script call at a time (as a worker)."""
+    ids = await asyncio.gather(*(client.enqueue(Noop(), "bench") for _ in range(_SCRIPT_BATCH)))
+    store = agent.job_store
+    started = time.perf_counter()
+    for job_id in ids:
+        await store.start(job_id)
+        await store.transition(job_id, JobStatus.SUCCESS, result={})
+    return time.perf_counter() - started
+
+
+async def scripts_ratio(redis_url: str, redis: Redis) -> list[float]:
+    """Per pair of adjacent batches, on's throughput over off's (off time / on time)."""
+    agents = {mode: Agent(settings(f"bench-obs-{uuid.uuid4().hex[:8]}", redis_url, mode)) for mode in Mode}
+    on, off = agents[Mode.ALL_ON], agents[Mode.OFF]
+    ratios = []
+    try:
+        for agent in (on, off):
+            await agent.open()
+        clients = {agent: ClientAgent(agent) for agent in (on, off)}
+        for index in range(_SCRIPT_BATCHES):
+            # Alternate which goes first, so neither always runs on the warmer connection.
+            order = (on, off) if index % 2 == 0 else (off, on)
+            seconds = {agent: await _timed_scripts(agent, clients[agent]) for agent in order}
+            ratios.append(seconds[off] / seconds[on])
+    finally:
+        for agent in agents.values():
+            await agent.close()
+            await clean(redis, agent.keys.namespace)
+    return ratios
+
+
 def _ratios(a: list[dict[str, float]], b: list[dict[str, float]]) -> list[float]:
     return [x["jobs_per_s"] / y["jobs_per_s"] for x, y in zip(a, b, strict=True)]
 
@@ -94,6 +134,7 @@ async def main(n: int, rounds: int, redis_url: str) -> None:
         modes = list(Mode)
         for mode in modes[index % 3:] + modes[:index % 3]:
             results[mode].append(await one_round(n, redis_url, redis, mode))
+    script_ratios = await scripts_ratio(redis_url, redis)
     await redis.aclose()
     on, events_only, off = results[Mode.ALL_ON], results[Mode.EVENTS_ONLY], results[Mode.OFF]
     ratios, event_ratios = _ratios(on, off), _ratios(events_only, off)
@@ -107,6 +148,8 @@ async def main(n: int, rounds: int, redis_url: str) -> None:
         "events_ratio_per_round": [round(r, 3) for r in event_ratios],
         "stream_mb_per_10k_jobs": round(statistics.median(r["stream_bytes"] for r in on) / n * 10_000 / 2**20, 2),
         "metrics_hash_bytes": round(statistics.median(r["metrics_bytes"] for r in on)),
+        "scripts_ratio": round(statistics.median(script_ratios), 3),
+        "scripts_ratio_quartiles": [round(q, 3) for q in statistics.quantiles(script_ratios, n=4)],
     }))
 
 
