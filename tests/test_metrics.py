@@ -37,8 +37,8 @@ from agent_async.metrics.layout import Field
 from agent_async.metrics.layout import lua_constants as metrics_constants
 from agent_async.store.scripts import EVENTS_KEPT, lua_source
 from agent_async.worker import JobRecovery
-from tests.conftest import Drain
-from tests.jobs import Boom, Echo, Flaky, Gated, NotResumable, Resumable
+from tests.conftest import Drain, running_worker, wait_for_status
+from tests.jobs import Boom, Echo, Flaky, Gated, NotResumable, Resumable, Sleeper
 from tests.test_recovery import lose_worker
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
@@ -57,8 +57,17 @@ def value(samples: Samples, name: str, **labels: str) -> float:
     return samples.get((f"agent_async_{name}", frozenset(labels.items())), 0.0)
 
 
+# A worker also runs the schedules tests/jobs.py declares (tests.ticking, when a minute starts during
+# a drain): the assertions look at the jobs each test queued, nothing else.
+WORKLOAD = frozenset({"tests.echo", "tests.flaky", "tests.boom", "tests.gated", "tests.sleeper", "tests.resumable",
+                      "tests.not_resumable"})
+
+
 def by_job(samples: Samples, name: str) -> dict[str, float]:
-    return {dict(labels)["job"]: v for (n, labels), v in samples.items() if n == f"agent_async_{name}"}
+    return {
+        dict(labels)["job"]: v for (n, labels), v in samples.items()
+        if n == f"agent_async_{name}" and dict(labels)["job"] in WORKLOAD
+    }
 
 
 def label_values(samples: Samples) -> set[str]:
@@ -106,7 +115,7 @@ async def test_a_known_workload_gives_exact_counts(drain: Drain, agent: Agent, c
     assert by_job(samples, "jobs_enqueued_total") == {"tests.echo": 4, "tests.flaky": 1, "tests.boom": 1,
                                                       "tests.gated": 1}
     finished = {(dict(k)["job"], dict(k)["status"]): v for (n, k), v in samples.items()
-                if n == "agent_async_jobs_finished_total"}
+                if n == "agent_async_jobs_finished_total" and dict(k)["job"] in WORKLOAD}
     assert finished == {("tests.echo", "success"): 3, ("tests.echo", "canceled"): 1, ("tests.flaky", "success"): 1,
                         ("tests.boom", "failure"): 1, ("tests.gated", "success"): 1}
     assert by_job(samples, "job_retries_total") == {"tests.flaky": 1}
@@ -243,3 +252,17 @@ def test_counts_under_a_retired_bound_fold_into_the_next_one_up() -> None:
     assert histogram.buckets_by_bound_ms == {10: 3, None: 1}
     assert histogram.sum_ms == 30
     assert all(not counts for counts in snapshot.counters.values())
+
+
+async def test_jobs_in_progress_counts_the_runs_in_started(agent: Agent, client: ClientAgent) -> None:
+    """Derived at scrape (starts less ends, retries and adjustments): two running, then none."""
+    ids = [await client.enqueue(Sleeper(sleep_s=30), f"user-{n}") for n in range(2)]
+    async with running_worker(agent):
+        for job_id in ids:
+            await wait_for_status(agent, job_id, JobStatus.STARTED)
+        assert by_job(parse(await render(client)), "jobs_in_progress") == {"tests.sleeper": 2}
+        for job_id in ids:
+            await client.cancel(job_id, wait_s=5)
+    samples = parse(await render(client))
+    assert by_job(samples, "jobs_in_progress") == {"tests.sleeper": 0}
+    assert value(samples, "jobs_finished_total", job="tests.sleeper", status="canceled") == 2

@@ -68,6 +68,23 @@ class MetricsSnapshot:
             snapshot._add(kind, rest, int(value))
         return snapshot
 
+    def in_progress(self) -> dict[str, int]:
+        """Runs in STARTED per job: starts from the queue (the wait histogram's count) less the runs
+        that ended (the duration histogram's count), retries and the adjustments (layout.Field)."""
+        def count(kind: Field, job: str) -> int:
+            histogram = self.histograms[kind].get(job)
+            return 0 if histogram is None else sum(histogram.buckets_by_bound_ms.values())
+
+        def counter(kind: Field, job: str) -> int:
+            return self.counters[kind].get((job,), 0)
+
+        return {
+            # Never below 0: a hash written by an older version (or edited) must not show a negative gauge.
+            job: max(0, count(Field.WAIT_BUCKET, job) - count(Field.DURATION_BUCKET, job)
+                     - counter(Field.RETRIES, job) - counter(Field.IN_PROGRESS_ADJUST, job))
+            for job in self.histograms[Field.WAIT_BUCKET]
+        }
+
     def _add(self, kind: Field, rest: str, value: int) -> None:
         if kind in (Field.DURATION_BUCKET, Field.WAIT_BUCKET):
             job, _, bound = rest.rpartition("|")
@@ -133,8 +150,8 @@ def families(
     yield _histogram("job_queue_wait_seconds", "From queued (enqueue, retry or hand-back) to the start of a run.",
                      snapshot.histograms[Field.WAIT_BUCKET])
     in_progress = GaugeMetricFamily(PREFIX + "jobs_in_progress", "Jobs running now.", labels=["job"])
-    for (job,), value in sorted(snapshot.counters[Field.IN_PROGRESS].items()):
-        in_progress.add_metric([job], max(0, value))
+    for job, value in sorted(snapshot.in_progress().items()):
+        in_progress.add_metric([job], value)
     yield in_progress
     yield GaugeMetricFamily(PREFIX + "queue_depth", "Engine jobs queued (due or deferred).", value=queue.depth)
     yield GaugeMetricFamily(PREFIX + "queue_oldest_age_seconds", "How long the oldest due job has waited.",

@@ -42,7 +42,11 @@ class Field(StrEnum):
     ENQUEUED = "enq"  # |job
     FINISHED = "fin"  # |job|status (JobStatus value)
     RETRIES = "retry"  # |job
-    IN_PROGRESS = "run"  # |job: +1 at a start from the queue, -1 when the run leaves STARTED
+    # |job: runs that left STARTED other than by their end (counted by the duration histogram) or a
+    # retry: +1 for a hand-back, an undone start, an orphan re-queued; -1 for a way into STARTED
+    # other than a start from the queue (counted by the wait histogram). jobs_in_progress is
+    # waits - durations - retries - this: no write on the hot path.
+    IN_PROGRESS_ADJUST = "run_adj"
     DURATION_BUCKET = "dur_b"  # |job|bound ms (or "inf"): non-cumulative count
     DURATION_SUM = "dur_sum"  # |job: ms
     WAIT_BUCKET = "wait_b"  # |job|bound ms

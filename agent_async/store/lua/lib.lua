@@ -156,9 +156,9 @@ local function end_job(state, active, leases, job_id, status, now, retention_s, 
   local name = h[3] or ''
   metric('fin|' .. name .. '|' .. status)
   if h[4] == 'STARTED' then
-    metric('run|' .. name, -1)
-    -- The run that ended the job; none when it never ran (or its start was undone).
-    if h[5] then observe('dur', name, tonumber(now) - tonumber(h[5])) end
+    -- The run that ended the job (its count also ends the run in jobs_in_progress); an undone
+    -- start has no run time: it is told apart.
+    if h[5] then observe('dur', name, tonumber(now) - tonumber(h[5])) else metric('run_adj|' .. name) end
   end
   if h[2] then group_child_ended(h[2], job_id, status, now, active, retention_s) end
 end

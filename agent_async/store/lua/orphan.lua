@@ -29,7 +29,7 @@ if may_resume(h[2], h[4], h[3]) then
   redis.call('ZADD', active, now, job_id)
   redis.call('ZREM', leases, job_id)
   emit(state, job_id, 'PENDING', now)
-  if status == 'STARTED' then metric('run|' .. (h[6] or ''), -1) end
+  if status == 'STARTED' then metric('run_adj|' .. (h[6] or '')) end  -- a run ended, not by its end
   metric('rec|' .. (h[6] or '') .. '|requeued')
   engine_requeue(queue, engine_key, claim, ARGV[4], ARGV[5], ARGV[6], ARGV[7])
   return 'PENDING'

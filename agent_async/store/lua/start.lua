@@ -26,8 +26,7 @@ if h[1] == 'STARTED' then
   end
   metric('rec|' .. (h[3] or '') .. '|resumed')
 else
-  -- From the queue: one more run in progress, and how long it waited since it was queued.
-  metric('run|' .. (h[3] or ''), 1)
+  -- From the queue: how long it waited since it was queued (its count is also a run started).
   observe('wait', h[3] or '', now - tonumber(h[10] or now))
 end
 local attempts = redis.call('HINCRBY', state, 'attempts', 1)

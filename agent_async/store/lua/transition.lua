@@ -22,10 +22,16 @@ else
   redis.call('HSET', state, 'status', new_status, 'updated_ms', now)
   if ARGV[6] ~= '' then redis.call('HSET', state, 'error', ARGV[6]) end
   emit(state, job_id, new_status, now)
-  local name = h[3] or ''
-  if new_status == 'RETRY' then metric('retry|' .. name) end
-  if current == 'STARTED' and new_status ~= 'STARTED' then metric('run|' .. name, -1)
-  elseif current ~= 'STARTED' and new_status == 'STARTED' then metric('run|' .. name, 1) end
+  -- jobs_in_progress is derived (agent_async.metrics.layout.Field.IN_PROGRESS_ADJUST): a retry
+  -- ends a run; any other way out of STARTED, or into it, is an adjustment (rare paths only).
+  local name, left = h[3] or '', current == 'STARTED' and new_status ~= 'STARTED'
+  if new_status == 'RETRY' then
+    metric('retry|' .. name)
+    if not left then metric('run_adj|' .. name, -1) end
+  elseif left then
+    metric('run_adj|' .. name)
+  end
+  if current ~= 'STARTED' and new_status == 'STARTED' then metric('run_adj|' .. name, -1) end
   redis.call('ZADD', active, now, job_id)
   if new_status ~= 'STARTED' then redis.call('ZREM', leases, job_id) end
 end
