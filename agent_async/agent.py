@@ -67,7 +67,7 @@ class Agent:
         self.keys = KeySpace(settings.namespace)
         self.job_store = JobStore(
             keys=self.keys, retention_s=settings.state_retention_s, lease_ms=int(settings.lease_s * 1000),
-            engine_lua=STORE_LUA, events=settings.events_enabled,
+            engine_lua=STORE_LUA, events=settings.events_enabled, metrics=settings.metrics_enabled,
         )
         # One outage report per process, whichever loop meets it first.
         outage = RedisOutage()

@@ -62,6 +62,9 @@ class AgentSettings:
     # Append every transition and progress update to the namespace's event stream (ClientAgent.events).
     # Off saves Redis about 3 stream writes per job; nothing else depends on the stream.
     events_enabled: bool = True
+    # Count jobs, retries, durations... in the namespace's metrics hash, inside the transitions'
+    # own scripts (agent_async.metrics; 6 HINCRBY per job, no extra round trip).
+    metrics_enabled: bool = True
     # Packages scanned by init_jobs(): <root>/<module>/jobs/*.py. None by default: the application names its own.
     job_packages: tuple[str, ...] = ()
     # Time zone in which schedules' crons are read.
@@ -94,6 +97,7 @@ class AgentSettings:
         "reconcile_interval_s": "AGENT_RECONCILE_INTERVAL_SECONDS",
         "worker_heartbeat_file": "AGENT_WORKER_HEARTBEAT_FILE",
         "events_enabled": "AGENT_EVENTS_ENABLED",
+        "metrics_enabled": "AGENT_METRICS_ENABLED",
         "job_packages": "AGENT_JOB_PACKAGES",
         "schedule_timezone": "AGENT_SCHEDULE_TIMEZONE",
         "schedule_allowlist": "AGENT_SCHEDULE_ALLOWLIST",

@@ -12,6 +12,7 @@ from quart_schema import Info, QuartSchema, document_response
 from agent_async import Agent, ClientAgent, init_jobs
 from agent_async.serializer import JobStateSerializerDict
 from app.api import jobs as jobs_api
+from app.api import metrics as metrics_api
 from app.api.openapi import AppOpenAPIProvider, document_errors
 from app.api.request import MAX_REQUEST_HEAD_BYTES, ApiRequest, request_head_bytes
 from app.api.schemas import HealthOut
@@ -22,7 +23,7 @@ from app.module.calendar import api as calendar_api
 from app.runtime import EXTENSION_KEY, AppRuntime
 from app.settings import AppSettings
 
-__all__ = ["OPENAPI_PATH", "PUBLIC_ENDPOINTS", "create_app"]
+__all__ = ["OPENAPI_PATH", "OWN_TOKEN_ENDPOINTS", "PUBLIC_ENDPOINTS", "create_app"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,8 @@ OPENAPI_PATH = "/openapi.json"
 DOCS_PATH = "/docs"
 # Documentation and the health probe need no token; every API endpoint does.
 PUBLIC_ENDPOINTS = frozenset({"openapi", "swagger_ui", "health"})
+# Endpoints that check a bearer token of their own instead of a signed user token.
+OWN_TOKEN_ENDPOINTS = frozenset({metrics_api.ENDPOINT})
 
 
 def create_app(settings: AppSettings | None = None) -> Quart:
@@ -81,6 +84,8 @@ def create_app(settings: AppSettings | None = None) -> Quart:
         # public OpenAPI document does not, and a public route's 405 must not read as a 401.
         if request.endpoint in PUBLIC_ENDPOINTS or request.routing_exception is not None:
             return
+        if request.endpoint in OWN_TOKEN_ENDPOINTS:
+            return
         g.principal = runtime.require_signer().from_header(request.headers.get("Authorization"))
 
     @app.get("/health")
@@ -95,6 +100,7 @@ def create_app(settings: AppSettings | None = None) -> Quart:
     app.register_blueprint(calendar_api.blueprint)
     app.register_blueprint(calendar_api.admin_blueprint)
     app.register_blueprint(admin_api.blueprint)
+    app.register_blueprint(metrics_api.blueprint)
     register_error_handlers(app)
     return app
 

@@ -55,7 +55,8 @@ class AppRuntime:
                 trial_timeout_s=max(30.0, settings.fetch_timeout_s * 3 + 5),
             )
             self._ics_guard = ConnectionGuard(
-                lambda: self.agent.redis, namespace=settings.agent.namespace, configs={"ics:*": config}
+                lambda: self.agent.redis, namespace=settings.agent.namespace, configs={"ics:*": config},
+                metrics=settings.agent.metrics_enabled,
             )
         return self._ics_guard
 

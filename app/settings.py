@@ -52,6 +52,8 @@ class AppSettings:
     ics_failure_threshold: int = DEFAULT_ICS_FAILURE_THRESHOLD
     ics_cooldown_s: float = DEFAULT_ICS_COOLDOWN_S
     ics_sweep_max_in_flight: int = DEFAULT_ICS_SWEEP_MAX_IN_FLIGHT
+    # The bearer token of GET /metrics (app/api/metrics.py); None: the endpoint answers 404.
+    metrics_token: str | None = field(default=None, repr=False)
 
     ENV = {
         "secret_key": "AGENT_SECRET_KEY",
@@ -66,6 +68,7 @@ class AppSettings:
         "ics_failure_threshold": "AGENT_ICS_FAILURE_THRESHOLD",
         "ics_cooldown_s": "AGENT_ICS_COOLDOWN_SECONDS",
         "ics_sweep_max_in_flight": "AGENT_ICS_SWEEP_MAX_IN_FLIGHT",
+        "metrics_token": "AGENT_METRICS_TOKEN",
     }
 
     def __post_init__(self) -> None:
@@ -76,6 +79,12 @@ class AppSettings:
             raise ConfigurationError(
                 f"invalid setting AGENT_SECRET_KEY: must be at least {MIN_SECRET_CHARS} characters "
                 "(generate one with: python -c 'import secrets; print(secrets.token_urlsafe(32))')"
+            )
+        if self.metrics_token is not None and len(self.metrics_token) < MIN_SECRET_CHARS:
+            # A scrape token guards the figures of every job: as long as the secret key, never echoed.
+            raise ConfigurationError(
+                f"invalid setting AGENT_METRICS_TOKEN: must be at least {MIN_SECRET_CHARS} characters, or unset "
+                "to turn GET /metrics off"
             )
         if self.max_body_bytes < 1024:
             raise ConfigurationError(f"invalid setting AGENT_MAX_BODY_BYTES={self.max_body_bytes}: must be >= 1024")
@@ -131,6 +140,7 @@ class AppSettings:
             ics_sweep_max_in_flight=_int(
                 env, cls.ENV["ics_sweep_max_in_flight"], DEFAULT_ICS_SWEEP_MAX_IN_FLIGHT
             ),
+            metrics_token=(env.get(cls.ENV["metrics_token"]) or "").strip() or None,
         )
 
     def require_secret(self) -> str:

@@ -12,6 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_async.lifecycle import lua_constants
+from agent_async.metrics.layout import lua_constants as metrics_constants
 from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_source, run_script
 
 # Returns its keys and arguments joined, and how many it got of each.
@@ -219,7 +220,9 @@ def test_library_lua_needs_its_constants() -> None:
     """lib.lua's placeholders come from agent_async.lifecycle: without them it is refused."""
     with pytest.raises(ValueError, match=r"lib\.lua"):
         lua_source("agent_async.store", "lib.lua")
-    store_constants = {"@PRUNE_BATCH@": "10", "@EVENTS@": "ns:events", "@EVENTS_KEPT@": "1000"}
+    store_constants = {
+        "@PRUNE_BATCH@": "10", "@EVENTS@": "ns:events", "@EVENTS_KEPT@": "1000", **metrics_constants("ns:metrics"),
+    }
     filled = lua_source("agent_async.store", "lib.lua", {**lua_constants(), **store_constants})
     assert "@TERMINAL@" not in filled and "@PRUNE_BATCH@" not in filled and "'ns:events'" in filled
 

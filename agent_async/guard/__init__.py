@@ -114,9 +114,12 @@ class ConnectionGuard:
         namespace: str | KeySpace,
         default: GuardConfig = DEFAULT_GUARD_CONFIG,
         configs: Mapping[str, GuardConfig] | None = None,
+        metrics: bool = True,
     ) -> None:
         self._redis = redis
         self.keys = namespace if isinstance(namespace, KeySpace) else KeySpace(namespace)
+        # Requests counted by outcome in the namespace's metrics hash (AGENT_METRICS_ENABLED).
+        self._metrics_key = self.keys.metrics if metrics else ""
         configs = dict(configs or {})
         for config in (default, *configs.values()):
             if not isinstance(config, GuardConfig):
@@ -207,7 +210,8 @@ class ConnectionGuard:
             token, _us(config.min_interval_s), _us(config.trial_timeout_s), config.idle_ttl_ms, name,
         ]
         try:
-            reply = await run_script(self._client(), self._acquire([self.key(name), self.keys.guard_names], args))
+            keys = [self.key(name), self.keys.guard_names, self._metrics_key]
+            reply = await run_script(self._client(), self._acquire(keys, args))
         except _UNREACHABLE as exc:
             raise _unavailable(f"admit a request to connection {name}", exc) from exc
         received = time.monotonic()
@@ -236,7 +240,7 @@ class ConnectionGuard:
             _us(config.min_interval_s), config.failure_threshold, _us(config.cooldown_s), config.idle_ttl_ms,
             type(exc).__name__ if exc is not None else "",
         ]
-        call = run_script(self._client(), self._release([self.key(permit.name)], args))
+        call = run_script(self._client(), self._release([self.key(permit.name), self._metrics_key], args))
         try:
             # A cancelled caller may be cancelled again while it waits: the verdict is written anyway.
             reply: Any = await (asyncio.shield(call) if outcome is _Outcome.DROP else call)

@@ -81,9 +81,15 @@ class GroupRecord:
 class GroupStore:
     def __init__(self, jobs: JobStore, *, engine_lua: str) -> None:
         self._jobs = jobs
-        self._create = store_script("group_create.lua", engine_lua, events_key=jobs.events_key, packed=True)
-        self._cancel = store_script("group_cancel.lua", engine_lua, events_key=jobs.events_key, packed=True)
-        self._finalize = store_script("group_finalize.lua", engine_lua, events_key=jobs.events_key)
+        self._create = store_script(
+            "group_create.lua", engine_lua, events_key=jobs.events_key, metrics_key=jobs.metrics_key, packed=True
+        )
+        self._cancel = store_script(
+            "group_cancel.lua", engine_lua, events_key=jobs.events_key, metrics_key=jobs.metrics_key, packed=True
+        )
+        self._finalize = store_script(
+            "group_finalize.lua", engine_lua, events_key=jobs.events_key, metrics_key=jobs.metrics_key
+        )
 
     async def create(
         self,

@@ -99,19 +99,30 @@ class JobStore:
     """
 
     def __init__(
-        self, *, keys: KeySpace, retention_s: int, lease_ms: int, engine_lua: str, events: bool = True
+        self,
+        *,
+        keys: KeySpace,
+        retention_s: int,
+        lease_ms: int,
+        engine_lua: str,
+        events: bool = True,
+        metrics: bool = True,
     ) -> None:
         self.keys = keys
-        # '' turns the scripts' event writes off (lib.lua's emit).
+        # '' turns the scripts' event writes off (lib.lua's emit), and their counters (lib.lua's metric).
         self.events_key = events_key = keys.events if events else ""
+        self.metrics_key = metrics_key = keys.metrics if metrics else ""
         self.retention_s = retention_s
         self.lease_ms = lease_ms
         self._redis: Redis | None = None
-        self._enqueue = store_script("enqueue.lua", engine_lua, events_key=events_key)
-        self._start = store_script("start.lua", engine_lua, events_key=events_key, packed=True)
-        self._transition = store_script("transition.lua", engine_lua, events_key=events_key, packed=True)
-        self._cancel = store_script("cancel.lua", engine_lua, events_key=events_key)
-        self._orphan = store_script("orphan.lua", engine_lua, events_key=events_key)
+        def script(name: str, *, packed: bool = False) -> LuaScript:
+            return store_script(name, engine_lua, events_key=events_key, metrics_key=metrics_key, packed=packed)
+
+        self._enqueue = script("enqueue.lua")
+        self._start = script("start.lua", packed=True)
+        self._transition = script("transition.lua", packed=True)
+        self._cancel = script("cancel.lua")
+        self._orphan = script("orphan.lua")
         self._release_lock = LuaScript(lua_source("agent_async.store", "release_lock.lua"))
 
     def bind(self, redis: Redis | None) -> None:

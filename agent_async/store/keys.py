@@ -86,6 +86,12 @@ class KeySpace:
         return f"{self.namespace}:events"
 
     @property
+    def metrics(self) -> str:
+        """Counters and histogram buckets (agent_async.metrics.layout), written by the store's and
+        the guard's scripts."""
+        return f"{self.namespace}:metrics"
+
+    @property
     def recovery_lock(self) -> str:
         return f"{self.namespace}:lock:recovery"
 

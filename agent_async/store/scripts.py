@@ -15,6 +15,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError
 
 from agent_async.lifecycle import lua_constants
+from agent_async.metrics.layout import lua_constants as metrics_constants
 
 __all__ = ["LuaScript", "ScriptCall", "load_scripts", "lua_source", "run_script"]
 
@@ -46,14 +47,17 @@ _PRUNE_BATCH = 10
 EVENTS_KEPT = 100_000
 
 
-def store_script(name: str, engine_lua: str, *, events_key: str, packed: bool = False) -> LuaScript:
+def store_script(
+    name: str, engine_lua: str, *, events_key: str, metrics_key: str = "", packed: bool = False
+) -> LuaScript:
     """A store script: the engine's Lua library, then store/lua/lib.lua, then the script itself.
 
-    `events_key` is the namespace's event stream, written by the same scripts as the transitions
-    (so the script text, and its SHA, is per namespace)."""
+    `events_key` is the namespace's event stream and `metrics_key` its metrics hash, written by the
+    same scripts as the transitions (so the script text, and its SHA, is per namespace); '' turns
+    either off."""
     constants = {
         **lua_constants(), "@PRUNE_BATCH@": str(_PRUNE_BATCH), "@EVENTS@": events_key,
-        "@EVENTS_KEPT@": str(EVENTS_KEPT),
+        "@EVENTS_KEPT@": str(EVENTS_KEPT), **metrics_constants(metrics_key),
     }
     lib = lua_source("agent_async.store", "lib.lua", constants)
     return LuaScript(engine_lua + "\n" + lib + "\n" + lua_source("agent_async.store", name), packed=packed)

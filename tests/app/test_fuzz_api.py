@@ -16,6 +16,7 @@ document), with this test as its regression test; never to suppress here.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import os
 import uuid
 import zlib
@@ -188,7 +189,11 @@ def served_app(world: World, sqlite_url: str, fuzz_namespace: str) -> Iterator[Q
     """The app fuzzed (every case is sent with `app=served_app`): schemathesis's ASGI transport runs its
     lifespan (Redis, the SQL engine) in an event loop of its own, from the first request to
     shutdown_lifespans."""
-    app = create_app(make_settings(sqlite_url, fuzz_namespace))
+    # With a metrics token, GET /metrics answers its 401s like every protected operation (unset, a 404).
+    settings = dataclasses.replace(
+        make_settings(sqlite_url, fuzz_namespace), metrics_token="fuzz-metrics-token-0123456789"
+    )
+    app = create_app(settings)
     world.app = app
     try:
         with schemathesis_asgi.get_client(app) as client:  # starts the lifespan

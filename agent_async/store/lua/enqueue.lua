@@ -17,13 +17,17 @@ end
 local limit = tonumber(ARGV[3])
 if gate ~= '' and limit > 0 then
   redis.call('ZREMRANGEBYSCORE', gate, '-inf', now)
-  if redis.call('ZCARD', gate) >= limit then return 0 end
+  if redis.call('ZCARD', gate) >= limit then
+    metric('gate|' .. field_value(ARGV, 11, 'name'))
+    return 0
+  end
 end
 local fields = {}
 for i = 11, #ARGV do fields[#fields + 1] = ARGV[i] end
 redis.call('HSET', state, unpack(fields))
 redis.call('HSET', state, 'updated_ms', now)
 emit(state, job_id, 'PENDING', now)
+metric('enq|' .. field_value(ARGV, 11, 'name'))
 if gate ~= '' and limit > 0 then
   redis.call('HSET', state, 'gate', gate, 'gate_ttl_ms', tonumber(ARGV[4]) - now)
 end

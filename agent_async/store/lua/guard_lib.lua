@@ -29,3 +29,13 @@ local function keep(key, idle_ttl_ms, until_us, now)
   if until_us and until_us > now then ttl_ms = ttl_ms + math.ceil((until_us - now) / 1000) end
   redis.call('PEXPIRE', key, ttl_ms)
 end
+
+-- Counts one request outcome in the namespace's metrics hash `metrics` (agent_async.metrics.layout;
+-- '' when metrics are off). The connection's name is read off its state key,
+-- <namespace>:guard:<name>:state (KeySpace.guard + ':state'; a namespace holds no ':').
+local function count_request(metrics, key, result)
+  if metrics == '' then return end
+  local name = string.match(key, '^[^:]+:guard:(.+):state$')
+  if not name then return end
+  redis.call('HINCRBY', metrics, 'greq|' .. name .. '|' .. result, 1)
+end

@@ -2,7 +2,7 @@
 -- one and `threshold` in a row open the cooldown; any success resets the count; the trial's verdict
 -- closes or reopens the circuit; a request given up before it started frees its trial and hands its
 -- slot back if no one has reserved the next.
--- KEYS: guard state hash
+-- KEYS: guard state hash, metrics hash ('' when metrics are off)
 -- ARGV: token, outcome ('ok' | 'fail' | 'drop'), '1' if admitted as the trial, slot us to hand
 --       back ('' once the request may have started), min interval us, failure threshold,
 --       cooldown us, idle ttl ms, error class name
@@ -18,6 +18,7 @@ local state = circuit(open_until, now)
 -- Only the trial still on record has a say: one that lapsed and was replaced is a straggler.
 local trial = ARGV[3] == '1' and h[2] == token
 if trial then redis.call('HDEL', key, 'trial', 'trial_until_us') end
+count_request(KEYS[2], key, outcome)
 
 if outcome == 'drop' then
   local slot = tonumber(ARGV[4])

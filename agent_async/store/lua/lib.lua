@@ -6,6 +6,37 @@ local WORKER_LOST = '@WORKER_LOST@'
 local PRUNE_BATCH = @PRUNE_BATCH@
 local EVENTS = '@EVENTS@'
 local EVENTS_KEPT = @EVENTS_KEPT@
+local METRICS = '@METRICS@'
+-- Histogram bucket bounds in ms, ascending (agent_async.metrics.layout.BUCKETS_S).
+local BUCKETS_MS = {@BUCKETS_MS@}
+
+-- Counters live in the namespace's metrics hash, written by the script that makes the transition:
+-- atomic with it, summed over every worker process and host, kept when a worker is SIGKILLed.
+-- Field names: agent_async.metrics.layout.
+local function metric(field, by)
+  if METRICS == '' then return end  -- metrics are off (AGENT_METRICS_ENABLED=false)
+  redis.call('HINCRBY', METRICS, field, by or 1)
+end
+
+-- One observation: its bucket's own count (not cumulative: the collector sums them) and the sum in ms.
+local function observe(kind, name, ms)
+  if METRICS == '' or not ms then return end
+  if ms < 0 then ms = 0 end
+  local bound = 'inf'
+  for _, b in ipairs(BUCKETS_MS) do
+    if ms <= b then bound = b; break end
+  end
+  redis.call('HINCRBY', METRICS, kind .. '_b|' .. name .. '|' .. bound, 1)
+  redis.call('HINCRBY', METRICS, kind .. '_sum|' .. name, math.floor(ms))
+end
+
+-- The value of `name` in a flat field/value list (a state's fields as the scripts receive them).
+local function field_value(list, first, name)
+  for i = first, #list - 1, 2 do
+    if list[i] == name then return list[i + 1] end
+  end
+  return ''
+end
 
 -- One event per transition, in the same script as the transition: no event without a
 -- transition, no transition without an event. Its stream id (ms-seq) orders and resumes a reader.
@@ -48,6 +79,7 @@ local function create_prepared(spec, active, now)
   redis.call('HSET', spec.state, unpack(spec.fields))
   redis.call('HSET', spec.state, 'updated_ms', now)
   emit(spec.state, spec.id, 'PENDING', now)
+  metric('enq|' .. field_value(spec.fields, 1, 'name'))
   redis.call('ZADD', active, now, spec.id)
   redis.call('ZADD', spec.all_idx, now, spec.id)
   if spec.user_idx ~= '' then redis.call('ZADD', spec.user_idx, now, spec.id) end
@@ -69,6 +101,13 @@ local function try_finalize(group, active, now, retention_s)
     return false
   end
   redis.call('HSET', group, 'status', 'finalized', 'finalized_ms', now)
+  -- Counted once, when the finalizer is queued (here or later by the recovery pass).
+  local c = redis.call('HMGET', group, 'cancel_requested_ms', 'failed', 'canceled')
+  local outcome = 'succeeded'
+  if c[1] then outcome = 'canceled'
+  elseif tonumber(c[2] or '0') > 0 then outcome = 'failed'
+  elseif tonumber(c[3] or '0') > 0 then outcome = 'canceled' end
+  metric('grp|' .. outcome)
   redis.call('ZREM', redis.call('HGET', group, 'pending_index'), redis.call('HGET', group, 'id'))
   for _, key in ipairs(group_keys(group)) do redis.call('EXPIRE', key, retention_s) end
   return true
@@ -104,17 +143,24 @@ end
 -- Ends a state for good: terminal fields, out of the active index and the leases, slot freed,
 -- retention TTL, its group told. Every script that can end a job ends it through here.
 local function end_job(state, active, leases, job_id, status, now, retention_s, err)
+  -- Read before the status is overwritten: whether it was running, and since when.
+  local h = redis.call('HMGET', state, 'gate', 'group', 'name', 'status', 'started_ms')
   local fields = {'status', status, 'updated_ms', now, 'finished_ms', now}
   if err and err ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = err end
   redis.call('HSET', state, unpack(fields))
   redis.call('ZREM', active, job_id)
   redis.call('ZREM', leases, job_id)
-  local gate = redis.call('HGET', state, 'gate')
-  if gate then redis.call('ZREM', gate, job_id) end
+  if h[1] then redis.call('ZREM', h[1], job_id) end
   redis.call('EXPIRE', state, retention_s)
   emit(state, job_id, status, now)
-  local group = redis.call('HGET', state, 'group')
-  if group then group_child_ended(group, job_id, status, now, active, retention_s) end
+  local name = h[3] or ''
+  metric('fin|' .. name .. '|' .. status)
+  if h[4] == 'STARTED' then
+    -- The run that ended the job (its count also ends the run in jobs_in_progress); an undone
+    -- start has no run time: it is told apart.
+    if h[5] then observe('dur', name, tonumber(now) - tonumber(h[5])) else metric('run_adj|' .. name) end
+  end
+  if h[2] then group_child_ended(h[2], job_id, status, now, active, retention_s) end
 end
 
 local function lost_error(lost, resume)

@@ -8,7 +8,7 @@
 
 local state, active, leases, queue, engine_key, claim = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local job_id, now = ARGV[1], tonumber(ARGV[2])
-local h = redis.call('HMGET', state, 'status', 'resume', 'max_try', 'attempts', 'cancel_requested_ms')
+local h = redis.call('HMGET', state, 'status', 'resume', 'max_try', 'attempts', 'cancel_requested_ms', 'name')
 local status = h[1]
 if not status or is_terminal(status) then return '' end
 if status == 'STARTED' then
@@ -21,6 +21,7 @@ local lost = status == 'STARTED' and 'the worker was lost during attempt ' .. h[
 if h[5] then
   end_job(state, active, leases, job_id, 'CANCELED', now, ARGV[3], 'canceled: ' .. lost)
   engine_drop(queue, engine_key, claim, ARGV[4])
+  metric('rec|' .. (h[6] or '') .. '|canceled')
   return 'CANCELED'
 end
 if may_resume(h[2], h[4], h[3]) then
@@ -28,9 +29,12 @@ if may_resume(h[2], h[4], h[3]) then
   redis.call('ZADD', active, now, job_id)
   redis.call('ZREM', leases, job_id)
   emit(state, job_id, 'PENDING', now)
+  if status == 'STARTED' then metric('run_adj|' .. (h[6] or '')) end  -- a run ended, not by its end
+  metric('rec|' .. (h[6] or '') .. '|requeued')
   engine_requeue(queue, engine_key, claim, ARGV[4], ARGV[5], ARGV[6], ARGV[7])
   return 'PENDING'
 end
 end_job(state, active, leases, job_id, 'FAILURE', now, ARGV[3], lost_error(lost, h[2]))
 engine_drop(queue, engine_key, claim, ARGV[4])
+metric('rec|' .. (h[6] or '') .. '|failed')
 return 'FAILURE'

@@ -6,7 +6,7 @@
 
 local state, active, leases = KEYS[1], KEYS[2], KEYS[3]
 local job_id, new_status, now = ARGV[1], ARGV[2], ARGV[3]
-local h = redis.call('HMGET', state, 'status', 'error')
+local h = redis.call('HMGET', state, 'status', 'error', 'name')
 local current = h[1]
 if not current or is_terminal(current) then return 0 end
 if ARGV[5] ~= '' then redis.call('HSET', state, 'result', ARGV[5]) end
@@ -22,6 +22,16 @@ else
   redis.call('HSET', state, 'status', new_status, 'updated_ms', now)
   if ARGV[6] ~= '' then redis.call('HSET', state, 'error', ARGV[6]) end
   emit(state, job_id, new_status, now)
+  -- jobs_in_progress is derived (agent_async.metrics.layout.Field.IN_PROGRESS_ADJUST): a retry
+  -- ends a run; any other way out of STARTED, or into it, is an adjustment (rare paths only).
+  local name, left = h[3] or '', current == 'STARTED' and new_status ~= 'STARTED'
+  if new_status == 'RETRY' then
+    metric('retry|' .. name)
+    if not left then metric('run_adj|' .. name, -1) end
+  elseif left then
+    metric('run_adj|' .. name)
+  end
+  if current ~= 'STARTED' and new_status == 'STARTED' then metric('run_adj|' .. name, -1) end
   redis.call('ZADD', active, now, job_id)
   if new_status ~= 'STARTED' then redis.call('ZREM', leases, job_id) end
 end
