@@ -35,6 +35,10 @@ local function prune(index, state_prefix, cutoff_ms)
   end
 end
 
+-- The dashboard's indexes (store/keys.py name_index, status_index, ended_counts) sit beside the
+-- active index, <ns>:idx:active, so no script needs another key argument to reach them.
+local function idx_key(active, suffix) return string.sub(active, 1, -7) .. suffix end
+
 local function zset_or_none(key)
   if key == '' then return true end
   local t = redis.call('TYPE', key)['ok']
@@ -50,6 +54,7 @@ local function create_prepared(spec, active, now)
   emit(spec.state, spec.id, 'PENDING', now)
   redis.call('ZADD', active, now, spec.id)
   redis.call('ZADD', spec.all_idx, now, spec.id)
+  redis.call('ZADD', idx_key(active, 'name:' .. redis.call('HGET', spec.state, 'name')), now, spec.id)
   if spec.user_idx ~= '' then redis.call('ZADD', spec.user_idx, now, spec.id) end
   engine_queue(spec.queue, spec.job_key, spec.engine_id, spec.bytes, now, spec.ttl_ms)
 end
@@ -112,6 +117,11 @@ local function end_job(state, active, leases, job_id, status, now, retention_s, 
   local gate = redis.call('HGET', state, 'gate')
   if gate then redis.call('ZREM', gate, job_id) end
   redis.call('EXPIRE', state, retention_s)
+  local name, counts = redis.call('HGET', state, 'name') or '', idx_key(active, 'counts:' .. math.floor(now / 3600000))
+  redis.call('ZADD', idx_key(active, 'status:' .. status), now, job_id)
+  redis.call('HINCRBY', counts, name .. '|' .. status, 1); redis.call('EXPIRE', counts, retention_s + 3600)
+  local prefix, cutoff = string.sub(state, 1, -#job_id - 1), now - retention_s * 1000
+  prune(idx_key(active, 'status:' .. status), prefix, cutoff); prune(idx_key(active, 'name:' .. name), prefix, cutoff)
   emit(state, job_id, status, now)
   local group = redis.call('HGET', state, 'group')
   if group then group_child_ended(group, job_id, status, now, active, retention_s) end
