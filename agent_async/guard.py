@@ -61,6 +61,10 @@ _MIN_IDLE_TTL_MS = 60_000
 _IDLE_TTL_FACTOR = 3
 # How long one estimate of Redis's clock on ours is trusted before it is taken afresh (bounds drift).
 _CLOCK_WINDOW_S = 10.0
+# `ConnectionGuard.states()` lists at most this many connections by default.
+MAX_LISTED = 500
+# A listed name whose state has expired is dropped from the registry this long after its last use.
+_FORGET_NAME_MS = 86_400_000
 
 
 class GuardRetryable(AgentError):
@@ -226,6 +230,21 @@ def _ms(value: object) -> int | None:
     return None if text is None else int(text) // 1000
 
 
+def _parse_state(name: str, reply: Any) -> GuardState:
+    """One entry of guard_state.lua's reply."""
+    return GuardState(
+        name=name,
+        state=CircuitState.from_code(int(reply[0])),
+        failures=int(reply[2]),
+        cooldown_until_ms=_ms(reply[3]),
+        trial_until_ms=_ms(reply[4]),
+        next_slot_ms=_ms(reply[5]),
+        last_error=_text(reply[6]),
+        last_error_ms=_ms(reply[7]),
+        observed_ms=int(reply[1]) // 1000,
+    )
+
+
 # What "Redis is down" looks like to a guard call: it becomes QueueUnavailableError (the API's 503).
 _UNREACHABLE = (RedisConnectionError, RedisTimeoutError, BusyLoadingError)
 
@@ -289,30 +308,66 @@ class ConnectionGuard:
         return _GuardedRequest(self, name, self.config_for(name))
 
     async def state(self, name: str) -> GuardState:
+        return (await self._read([name], f"read the state of connection {name}"))[0][0]
+
+    async def states(self, *, limit: int = MAX_LISTED) -> list[GuardState]:
+        """Every connection with a recorded state (failures, cooldown, trial or pacing), most
+        recently used first, among the `limit` connections used last.
+
+        Names come from a registry every admission updates; a name whose state has expired and
+        that was last used over a day ago is dropped from it here, so the registry stays about as
+        small as the set of connections in use.
+        """
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        redis = self._client()
         try:
-            reply = await run_script(self._client(), self._state([self.key(name)], []))
+            listed = await redis.zrevrange(self.keys.guard_names, 0, limit - 1, withscores=True)
         except _UNREACHABLE as exc:
-            raise _unavailable(f"read the state of connection {name}", exc) from exc
-        return GuardState(
-            name=name,
-            state=CircuitState.from_code(int(reply[0])),
-            failures=int(reply[2]),
-            cooldown_until_ms=_ms(reply[3]),
-            trial_until_ms=_ms(reply[4]),
-            next_slot_ms=_ms(reply[5]),
-            last_error=_text(reply[6]),
-            last_error_ms=_ms(reply[7]),
-            observed_ms=int(reply[1]) // 1000,
-        )
+            raise _unavailable("list the guarded connections", exc) from exc
+        names = [_text(name) or "" for name, _ in listed]
+        if not names:
+            return []
+        read = await self._read(names, "list the guarded connections")
+        forget = [
+            name for (state, exists), (name, last_used_ms) in zip(read, listed, strict=True)
+            if not exists and state.observed_ms - last_used_ms > _FORGET_NAME_MS
+        ]
+        if forget:
+            await redis.zrem(self.keys.guard_names, *forget)
+        return [state for state, exists in read if exists]
+
+    async def _read(self, names: list[str], what: str) -> list[tuple[GuardState, bool]]:
+        """Each name's state, and whether Redis holds one for it (one script call for all)."""
+        try:
+            replies = await run_script(self._client(), self._state([self.key(name) for name in names], []))
+        except _UNREACHABLE as exc:
+            raise _unavailable(what, exc) from exc
+        return [(_parse_state(name, reply), int(reply[8]) == 1) for name, reply in zip(names, replies, strict=True)]
+
+    async def reset(self, name: str) -> GuardState:
+        """Forget a connection's failures, cooldown, trial and pacing: it starts again closed.
+
+        For an operator who knows the outside service is back. A trial in flight when this runs
+        reports to the fresh state (its verdict counts as any request's would).
+        """
+        try:
+            await self._client().delete(self.key(name))
+        except _UNREACHABLE as exc:
+            raise _unavailable(f"reset connection {name}", exc) from exc
+        logger.warning("connection %s: reset by an operator (failures and cooldown forgotten)", name)
+        return await self.state(name)
 
     def _client(self) -> Redis:
         return self._redis if isinstance(self._redis, Redis) else self._redis()
 
     async def _admit(self, name: str, config: GuardConfig) -> GuardPermit:
         token = os.urandom(8).hex()  # 64 random bits: unique enough among the trials of one name
-        args: list[str | int] = [token, _us(config.min_interval_s), _us(config.trial_timeout_s), config.idle_ttl_ms]
+        args: list[str | int] = [
+            token, _us(config.min_interval_s), _us(config.trial_timeout_s), config.idle_ttl_ms, name,
+        ]
         try:
-            reply = await run_script(self._client(), self._acquire([self.key(name)], args))
+            reply = await run_script(self._client(), self._acquire([self.key(name), self.keys.guard_names], args))
         except _UNREACHABLE as exc:
             raise _unavailable(f"admit a request to connection {name}", exc) from exc
         received = time.monotonic()

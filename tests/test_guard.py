@@ -404,6 +404,52 @@ async def test_every_guard_key_expires_when_idle(redis: Redis, namespace: str) -
     assert FAST.idle_ttl_ms == 60_000 and long.idle_ttl_ms == 360_000
 
 
+async def test_states_lists_the_connections_in_use_most_recent_first(redis: Redis, namespace: str) -> None:
+    paced = GuardConfig(min_interval_s=0.01)
+    guard = ConnectionGuard(redis, namespace=namespace, default=FAST, configs={"paced:*": paced})
+    assert await guard.states() == []
+    await open_circuit(guard, "ics:down.example")
+    await asyncio.sleep(0.005)  # the registry orders by millisecond of last use
+    await succeed(guard, "paced:a")
+    await asyncio.sleep(0.005)
+    await fail(guard, "ics:flaky.example")
+    await asyncio.sleep(0.005)
+    await succeed(guard, "ics:healthy.example")  # closed, no failures, not paced: nothing recorded
+    states = await guard.states()
+    assert [s.name for s in states] == ["ics:flaky.example", "paced:a", "ics:down.example"]
+    by_name = {s.name: s for s in states}
+    assert by_name["ics:down.example"].state is CircuitState.OPEN
+    assert by_name["ics:down.example"].failures == FAST.failure_threshold
+    assert by_name["ics:flaky.example"].failures == 1
+    assert by_name["ics:flaky.example"].last_error == "ConnectionError"
+    # `limit` bounds the names looked at (the healthy one is the most recent of them).
+    assert [s.name for s in await guard.states(limit=2)] == ["ics:flaky.example"]
+    # The registry expires with the namespace's guards, like every other guard key.
+    assert 0 < await redis.pttl(KeySpace(namespace).guard_names) <= 86_400_000
+
+
+async def test_states_forgets_names_whose_state_expired_long_ago(redis: Redis, namespace: str) -> None:
+    guard = guard_for(redis, namespace)
+    await fail(guard, "ics:gone.example")
+    await fail(guard, "ics:recent.example")
+    names = KeySpace(namespace).guard_names
+    await redis.delete(guard.key("ics:gone.example"), guard.key("ics:recent.example"))  # as if expired
+    await redis.zadd(names, {"ics:gone.example": 1})  # last used in 1970
+    assert await guard.states() == []
+    assert await redis.zrange(names, 0, -1) == [b"ics:recent.example"]
+
+
+async def test_reset_closes_an_open_circuit_at_once(redis: Redis, namespace: str) -> None:
+    guard = guard_for(redis, namespace)
+    await open_circuit(guard)
+    with pytest.raises(ConnectionCoolingDown):
+        await succeed(guard)
+    state = await guard.reset(NAME)
+    assert state.state is CircuitState.CLOSED and state.failures == 0 and state.cooldown_until_ms is None
+    await succeed(guard)  # admitted again, no cooldown left
+    assert (await guard_for(redis, namespace).state(NAME)).state is CircuitState.CLOSED
+
+
 @pytest.mark.parametrize(
     "fields",
     [

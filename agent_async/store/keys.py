@@ -102,6 +102,11 @@ class KeySpace:
     def recovery_lock(self) -> str:
         return f"{self.namespace}:lock:recovery"
 
+    @property
+    def guard_names(self) -> str:
+        """Every guarded connection used lately, scored by its last use (epoch ms): what an admin lists."""
+        return f"{self.namespace}:guards"
+
     def guard(self, name: str) -> str:
         """Prefix of a guarded connection's keys (agent_async.guard names the sub-keys below it)."""
         return f"{self.namespace}:guard:{name}"

@@ -1,13 +1,17 @@
 -- guard_acquire: admit one request on a guarded connection, by Redis's clock: now, after a paced
 -- wait for the slot reserved here, as the one trial of a half-open circuit, or not at all.
--- KEYS: guard state hash
--- ARGV: token, min interval us, trial timeout us, idle ttl ms
+-- KEYS: guard state hash, names of the guards in use (zset: name -> last use, epoch ms)
+-- ARGV: token, min interval us, trial timeout us, idle ttl ms, name
 -- Reply: {0, wait us, slot us} go after the wait; {1, wait us, slot us} the same, as the trial;
 --        {-1, retry after us} cooling down; {-2, retry after us} another caller's trial in flight.
 
 local key, token = KEYS[1], ARGV[1]
 local interval, trial_timeout, idle_ttl_ms = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local now = now_us()
+-- Listed even when refused: a connection cooling down is what an operator looks for.
+redis.call('ZADD', KEYS[2], math.floor(now / 1000), ARGV[5])
+-- The registry goes too once no guard of the namespace has been used for a day.
+redis.call('PEXPIRE', KEYS[2], 86400000)
 local h = redis.call('HMGET', key, 'open_until_us', 'trial_until_us', 'next_slot_us')
 local open_until, trial_until = tonumber(h[1]), tonumber(h[2])
 local state = circuit(open_until, now)
