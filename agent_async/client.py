@@ -16,7 +16,7 @@ from agent_async.request import JobRequest
 from agent_async.schedules.scheduler import Scheduler
 from agent_async.state import JobState
 from agent_async.store.events import JobEvent
-from agent_async.store.jobs import JobPage
+from agent_async.store.listing import JobListing, JobPage
 from agent_async.store.workers import WorkerDirectory, WorkerInfo
 
 if TYPE_CHECKING:
@@ -33,6 +33,7 @@ class ClientAgent:
     def __init__(self, agent: Agent, *, store: ClientStorage | None = None) -> None:
         self.agent = agent
         self._jobs = agent.job_store
+        self.listing = JobListing(agent.job_store)
         self._store = store
         self._canceller = JobCanceller(
             agent.job_store, engine_ref=agent.engine.ref, cancel_grace_s=agent.settings.cancel_grace_s
@@ -117,7 +118,7 @@ class ClientAgent:
     ) -> JobPage:
         """A page of every user's jobs, filtered, read from indexes (see JobStore.list_page);
         the next page starts at `page.next_cursor`."""
-        return await self._jobs.list_page(
+        return await self.listing.list_page(
             status=status, name=name, user_uid=user_uid, cursor=cursor, limit=limit, scan_limit=scan_limit
         )
 

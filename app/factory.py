@@ -11,6 +11,7 @@ from quart_schema import Info, QuartSchema, document_response
 
 from agent_async import Agent, ClientAgent, init_jobs
 from agent_async.serializer import JobStateSerializerDict
+from app import dashboard
 from app.api import jobs as jobs_api
 from app.api.openapi import AppOpenAPIProvider, document_errors
 from app.api.request import MAX_REQUEST_HEAD_BYTES, ApiRequest, request_head_bytes
@@ -81,6 +82,8 @@ def create_app(settings: AppSettings | None = None) -> Quart:
         # public OpenAPI document does not, and a public route's 405 must not read as a 401.
         if request.endpoint in PUBLIC_ENDPOINTS or request.routing_exception is not None:
             return
+        if request.blueprint == dashboard.blueprint.name:  # its own session cookie (app/dashboard/security.py)
+            return
         g.principal = runtime.require_signer().from_header(request.headers.get("Authorization"))
 
     @app.get("/health")
@@ -94,6 +97,7 @@ def create_app(settings: AppSettings | None = None) -> Quart:
     app.register_blueprint(jobs_api.blueprint)
     app.register_blueprint(calendar_api.blueprint)
     app.register_blueprint(admin_api.blueprint)
+    app.register_blueprint(dashboard.blueprint)
     register_error_handlers(app)
     return app
 

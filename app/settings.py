@@ -21,6 +21,10 @@ DEFAULT_FETCH_MAX_BYTES = 5 * 1024 * 1024
 DEFAULT_ICS_MIN_INTERVAL_S = 1.0
 DEFAULT_ICS_FAILURE_THRESHOLD = 5
 DEFAULT_ICS_COOLDOWN_S = 60.0
+# The operator dashboard (/admin/ui): how long a sign-in token minted by `python -m app dashboard-token`
+# may wait before it is exchanged, and how long the session cookie it is exchanged for lasts.
+DEFAULT_DASHBOARD_TOKEN_MAX_AGE_S = 15 * 60
+DEFAULT_DASHBOARD_SESSION_MAX_AGE_S = 8 * 3600
 # Where the app's job modules live (app/module/<module>/jobs/*.py). The library's own default is
 # empty (it names no application); the app fills it in unless AGENT_JOB_PACKAGES names others.
 APP_JOB_PACKAGES = ("app.module",)
@@ -49,6 +53,8 @@ class AppSettings:
     ics_min_interval_s: float = DEFAULT_ICS_MIN_INTERVAL_S
     ics_failure_threshold: int = DEFAULT_ICS_FAILURE_THRESHOLD
     ics_cooldown_s: float = DEFAULT_ICS_COOLDOWN_S
+    dashboard_token_max_age_s: int = DEFAULT_DASHBOARD_TOKEN_MAX_AGE_S
+    dashboard_session_max_age_s: int = DEFAULT_DASHBOARD_SESSION_MAX_AGE_S
 
     ENV = {
         "secret_key": "AGENT_SECRET_KEY",
@@ -62,6 +68,8 @@ class AppSettings:
         "ics_min_interval_s": "AGENT_ICS_MIN_INTERVAL_SECONDS",
         "ics_failure_threshold": "AGENT_ICS_FAILURE_THRESHOLD",
         "ics_cooldown_s": "AGENT_ICS_COOLDOWN_SECONDS",
+        "dashboard_token_max_age_s": "AGENT_DASHBOARD_TOKEN_MAX_AGE_SECONDS",
+        "dashboard_session_max_age_s": "AGENT_DASHBOARD_SESSION_MAX_AGE_SECONDS",
     }
 
     def __post_init__(self) -> None:
@@ -96,6 +104,9 @@ class AppSettings:
                 )
         if self.fetch_max_bytes < 1024:
             raise ConfigurationError(f"invalid setting AGENT_FETCH_MAX_BYTES={self.fetch_max_bytes}: must be >= 1024")
+        for name in ("dashboard_token_max_age_s", "dashboard_session_max_age_s"):
+            if getattr(self, name) < 1:
+                raise ConfigurationError(f"invalid setting {self.ENV[name]}={getattr(self, name)}: must be >= 1")
         if self.ics_failure_threshold < 1:
             raise ConfigurationError(
                 f"invalid setting AGENT_ICS_FAILURE_THRESHOLD={self.ics_failure_threshold}: must be >= 1"
@@ -120,6 +131,12 @@ class AppSettings:
             ics_min_interval_s=_float(env, cls.ENV["ics_min_interval_s"], DEFAULT_ICS_MIN_INTERVAL_S),
             ics_failure_threshold=_int(env, cls.ENV["ics_failure_threshold"], DEFAULT_ICS_FAILURE_THRESHOLD),
             ics_cooldown_s=_float(env, cls.ENV["ics_cooldown_s"], DEFAULT_ICS_COOLDOWN_S),
+            dashboard_token_max_age_s=_int(
+                env, cls.ENV["dashboard_token_max_age_s"], DEFAULT_DASHBOARD_TOKEN_MAX_AGE_S
+            ),
+            dashboard_session_max_age_s=_int(
+                env, cls.ENV["dashboard_session_max_age_s"], DEFAULT_DASHBOARD_SESSION_MAX_AGE_S
+            ),
         )
 
     def require_secret(self) -> str:
