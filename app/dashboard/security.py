@@ -57,15 +57,17 @@ def current_session() -> DashboardSession:
 
 
 def _same_origin() -> bool:
-    """A browser's own statement of where a request comes from (Fetch Metadata, then Origin).
+    """A browser's own statement of where a request comes from: Fetch Metadata first, else Origin.
 
-    Either header absent is no proof of an attack (older browsers, curl): the CSRF token still has to match.
+    Our pages send `Referrer-Policy: no-referrer`, with which a browser posts `Origin: null` even from
+    our own page: "null" proves nothing either way, and neither does an absent header (older browsers,
+    curl). The CSRF token still has to match in every case.
     """
     site = request.headers.get("Sec-Fetch-Site")
-    if site is not None and site != "same-origin":
-        return False
+    if site is not None:
+        return site == "same-origin"
     origin = request.headers.get("Origin")
-    return origin is None or origin == f"{request.scheme}://{request.host}"
+    return origin is None or origin == "null" or origin == f"{request.scheme}://{request.host}"
 
 
 async def gate() -> Response | None:
@@ -81,6 +83,10 @@ async def gate() -> Response | None:
         return see_other(url_for("dashboard.login_form"))
     g.dashboard_session = session
     if request.method in _SAFE_METHODS:
+        if request.endpoint != "dashboard.events":
+            # Where the page's live stream will start: read before the page reads its data, so an event
+            # between the two is replayed (a duplicate is harmless: events set states, they add nothing).
+            g.events_after = await current_runtime().agent.events.last_id()
         return None
     form = await request.form
     sent = form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER)

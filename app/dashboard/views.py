@@ -12,7 +12,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
-from quart import Blueprint, Response, render_template, request, send_from_directory, url_for
+from quart import Blueprint, Response, g, render_template, request, send_from_directory, url_for
 from quart_schema import hide
 
 from agent_async import ACTIVE, JobState, JobStatus, RequestRefusedError
@@ -95,7 +95,8 @@ async def _page(template: str, *, status: int = 200, **context: Any) -> Response
     notice_code = request.args.get("notice")
     notice = NOTICES.get(Notice(notice_code)) if notice_code in set(Notice) else None
     html = await render_template(
-        template, session=session, may_act=session.may_act, csrf_field=CSRF_FIELD, csrf_header=CSRF_HEADER,
+        template, session=session, may_act=session.may_act, events_after=g.get("events_after", ""),
+        csrf_field=CSRF_FIELD, csrf_header=CSRF_HEADER,
         csrf_token=session.csrf_token, notice=notice, job_names=sorted(_rt().agent.registry.requests()),
         **context,
     )
@@ -375,7 +376,9 @@ async def bulk_run() -> Response:
 # -- schedules -----------------------------------------------------------------------------------
 
 
-async def _schedule_rows(errors: dict[str, str] | None = None) -> list[dict[str, Any]]:
+async def _schedule_rows(refused: dict[str, tuple[str, str]] | None = None) -> list[dict[str, Any]]:
+    """Every schedule as the page shows it; `refused` maps a schedule to (the parser's reason, the cron
+    typed), so the field keeps what the operator typed next to why it was not saved."""
     scheduler = _rt().client.schedules
     rows = []
     for view in await scheduler.views():
@@ -384,7 +387,8 @@ async def _schedule_rows(errors: dict[str, str] | None = None) -> list[dict[str,
             "next_fires": _next_fires(view, scheduler.timezone),
             "skips": await scheduler.skips(view.name, limit=RECENT_SKIPS),
             "changes": await _changes(view.name),
-            "error": (errors or {}).get(view.name),
+            "error": (refused or {}).get(view.name, (None, None))[0],
+            "submitted": (refused or {}).get(view.name, (None, None))[1],
             "last_run_at": "" if view.last_run is None else _iso(view.last_run.created_ms),
         })
     return rows
@@ -429,7 +433,7 @@ async def save_schedule(name: str) -> Response:
         problem = cron_problem(cron) if cron else None
         if problem is not None:
             # The parser's reason, next to the field; nothing is saved.
-            return await _page("schedules.html", status=422, rows=await _schedule_rows({name: problem}))
+            return await _page("schedules.html", status=422, rows=await _schedule_rows({name: (problem, cron)}))
         changes["cron"] = cron or None  # empty: back to the declared cron
     if not changes:
         raise ApiError(422, "invalid_form", "send enabled=true|false and/or cron")

@@ -5,6 +5,7 @@ redaction, and the indexes the jobs list is paged from."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -12,8 +13,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pytest
+from itsdangerous.encoding import base64_decode, base64_encode
 from quart import Quart
-from quart.testing import QuartClient
+from quart.typing import TestClientProtocol as DashClient
 from redis.asyncio import Redis
 
 from agent_async import Job, JobRequest, JobStatus, agent_job
@@ -70,10 +72,10 @@ class Dash:
     app: Quart
     runtime: AppRuntime
 
-    def client(self) -> QuartClient:
+    def client(self) -> DashClient:
         return self.app.test_client()
 
-    async def signed_in(self, role: DashboardRole, uid: str = "ops-alice") -> tuple[QuartClient, str]:
+    async def signed_in(self, role: DashboardRole, uid: str = "ops-alice") -> tuple[DashClient, str]:
         """A client holding a session cookie, and the session's CSRF token (read from a page)."""
         client = self.client()
         response = await client.post("/admin/ui/login", form={"token": sign_in_token(uid, role)})
@@ -188,14 +190,21 @@ async def test_an_expired_sign_in_token_or_session_is_refused() -> None:
     assert signer.session(cookie) is None
 
 
-async def test_a_tampered_session_cookie_is_no_session(dash: Dash) -> None:
-    client, _ = await dash.signed_in(DashboardRole.OPERATOR)
-    value = next(c.value for c in client.cookie_jar if c.name == COOKIE_NAME)
-    forged = client.__class__(dash.app)
-    forged.set_cookie("localhost", COOKIE_NAME, value[:-2] + ("AA" if not value.endswith("AA") else "BB"),
-                      path="/admin/ui")
-    response = await forged.get("/admin/ui/")
-    assert response.status_code == 303
+async def test_a_tampered_or_role_edited_session_cookie_is_no_session(dash: Dash) -> None:
+    login = await dash.client().post("/admin/ui/login", form={"token": sign_in_token("v", DashboardRole.VIEWER)})
+    value = login.headers["Set-Cookie"].split(";")[0].split("=", 1)[1]
+    honest = dash.client()
+    honest.set_cookie("localhost", COOKIE_NAME, value, path="/admin/ui")
+    assert (await honest.get("/admin/ui/")).status_code == 200
+    payload, _, signed = value.partition(".")
+    # The role is inside the signed payload: promoting oneself to operator breaks the signature.
+    data = json.loads(base64_decode(payload))
+    assert data["role"] == "viewer"
+    promoted = base64_encode(json.dumps({**data, "role": "operator"}).encode()).decode()
+    for forged_value in (value[:-2] + ("AA" if not value.endswith("AA") else "BB"), f"{promoted}.{signed}"):
+        forged = dash.client()
+        forged.set_cookie("localhost", COOKIE_NAME, forged_value, path="/admin/ui")
+        assert (await forged.get("/admin/ui/")).status_code == 303
 
 
 async def test_sign_out_clears_the_cookie(dash: Dash) -> None:
@@ -287,6 +296,7 @@ async def test_every_action_is_403_for_a_viewer_even_with_its_csrf_token(dash: D
         ("valid", {"Sec-Fetch-Site": "cross-site"}),
         ("valid", {"Sec-Fetch-Site": "same-site"}),
         ("valid", {"Origin": "https://evil.example"}),
+        ("valid", {"Origin": "http://localhost", "Sec-Fetch-Site": "cross-site"}),
     ],
 )
 async def test_a_post_without_the_sessions_csrf_token_or_from_another_site_is_refused(
@@ -309,12 +319,14 @@ async def test_the_csrf_token_of_another_session_is_refused(dash: Dash) -> None:
     assert response.status_code == 403
 
 
-async def test_the_csrf_token_may_come_as_a_header_from_the_same_origin(dash: Dash) -> None:
+@pytest.mark.parametrize("origin", ["http://localhost", "null"])
+async def test_the_csrf_token_may_come_as_a_header_from_the_same_origin(dash: Dash, origin: str) -> None:
+    """`Origin: null` is what a browser sends from our own page under Referrer-Policy: no-referrer."""
     job_id = await dash.enqueue()
     client, csrf = await dash.signed_in(DashboardRole.OPERATOR)
     response = await client.post(
         f"/admin/ui/jobs/{job_id}/cancel", headers={"X-CSRF-Token": csrf, "Sec-Fetch-Site": "same-origin",
-                                                    "Origin": "http://localhost"},
+                                                    "Origin": origin},
     )
     assert response.status_code == 303
     assert await dash.status(job_id) is JobStatus.CANCELED
@@ -462,6 +474,7 @@ async def test_schedules_disable_and_edit_the_cron_with_the_parsers_reason_inlin
     assert bad.status_code == 422
     html = await bad.get_data(as_text=True)
     assert 'class="error cron-error"' in html and "Not saved:" in html
+    assert 'value="61 * * * *"' in html  # what the operator typed stays in the field
     view = await scheduler.view(name)
     assert view is not None and view.override is None
 

@@ -10,12 +10,17 @@
   var banner = document.getElementById("live-banner");
   var toggle = document.getElementById("live-toggle");
   var source = null;
-  var lastId = null;
+  // The page was rendered from the state after this event: the stream resumes from it.
+  var lastId = body.getAttribute("data-events-after") || null;
   var paused = false;
   var held = [];
   var retryTimer = null;
   var refreshTimer = null;
   var TERMINAL = { SUCCESS: true, FAILURE: true, CANCELED: true };
+
+  function isoSeconds(ms) {
+    return new Date(ms).toISOString().replace("T", " ").slice(0, 19);
+  }
 
   function setBadge(el, status) {
     el.textContent = status;
@@ -65,7 +70,7 @@
     bar.hidden = true;
     progressCell.appendChild(bar);
     tr.appendChild(progressCell);
-    tr.appendChild(cell(new Date(ev.at_ms).toISOString().replace("T", " ").slice(0, 19), "time"));
+    tr.appendChild(cell(isoSeconds(ev.at_ms), "time"));
     rows.insertBefore(tr, rows.firstChild);
     var empty = document.getElementById("no-jobs");
     if (empty) { empty.hidden = true; }
@@ -109,6 +114,7 @@
       if (ev.error) { document.getElementById("job-error").textContent = ev.error; }
       if (bar && ev.status === "SUCCESS") { bar.value = 1; }
       if (TERMINAL[ev.status]) {
+        document.getElementById("job-finished").textContent = isoSeconds(ev.at_ms) + " UTC";
         // The actions offered depend on the status: the page's own HTML decides them.
         document.querySelectorAll(".actions form").forEach(function (f) { f.hidden = true; });
         scheduleRefresh();
@@ -122,7 +128,7 @@
       li.setAttribute("data-event-id", ev.id);
       var time = document.createElement("span");
       time.className = "time";
-      time.textContent = new Date(ev.at_ms).toISOString().replace("T", " ").slice(0, 19) + " ";
+      time.textContent = isoSeconds(ev.at_ms) + " ";
       li.appendChild(time);
       if (ev.type === "progress") {
         li.appendChild(document.createTextNode("progress " + Math.round(ev.fraction * 100) + "%"
@@ -131,7 +137,8 @@
         var badge = document.createElement("span");
         setBadge(badge, ev.status);
         li.appendChild(badge);
-        li.appendChild(document.createTextNode(" attempt " + ev.attempts + (ev.error ? " — " + ev.error : "")));
+        var what = ev.status === "PENDING" ? " queued" : " attempt " + ev.attempts;
+        li.appendChild(document.createTextNode(what + (ev.error ? " — " + ev.error : "")));
       }
       timeline.appendChild(li);
     }
@@ -200,5 +207,11 @@
       }
     });
   }
+  // Leaving the page: close the stream at once. A browser keeps at most 6 HTTP/1.1 connections per host
+  // and may hold a dropped stream's for a while; six page views must not starve the seventh.
+  window.addEventListener("pagehide", function () {
+    if (retryTimer) { window.clearTimeout(retryTimer); }
+    if (source) { source.close(); }
+  });
   connect();
 }());
