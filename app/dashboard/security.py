@@ -5,13 +5,13 @@ from __future__ import annotations
 from quart import Response, g, request, url_for
 
 from app.dashboard.session import COOKIE_NAME, DashboardSession, DashboardSigner, csrf_matches
-from app.errors import ApiError
 from app.runtime import current_runtime
 
 __all__ = [
     "CSP",
     "CSRF_FIELD",
     "CSRF_HEADER",
+    "DashboardError",
     "current_session",
     "gate",
     "secure_headers",
@@ -35,6 +35,15 @@ _ANY_ROLE_POSTS = frozenset({"dashboard.logout"})
 _SIGNER_KEY = "agent_async_dashboard_signer"
 
 
+class DashboardError(Exception):
+    """A refusal the dashboard answers on purpose, as an HTML page (the JSON API has ApiError)."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
 def signer() -> DashboardSigner:
     from quart import current_app
 
@@ -52,7 +61,7 @@ def signer() -> DashboardSigner:
 def current_session() -> DashboardSession:
     session: DashboardSession | None = g.get("dashboard_session")
     if session is None:  # the gate runs first: only a handler of an open endpoint could get here
-        raise ApiError(401, "not_signed_in", "sign in to the dashboard first")
+        raise DashboardError(401, "sign in to the dashboard first")
     return session
 
 
@@ -73,13 +82,13 @@ def _same_origin() -> bool:
 async def gate() -> Response | None:
     """Blueprint before_request: who is calling, and may they do this."""
     if request.method not in _SAFE_METHODS and not _same_origin():
-        raise ApiError(403, "cross_site", "cross-site requests are refused")
+        raise DashboardError(403, "cross-site requests are refused")
     if request.endpoint in _OPEN_ENDPOINTS:
         return None
     session = signer().session(request.cookies.get(COOKIE_NAME))
     if session is None:
         if request.endpoint == "dashboard.events":  # an EventSource cannot follow a sign-in page
-            raise ApiError(401, "not_signed_in", "sign in to the dashboard first")
+            raise DashboardError(401, "sign in to the dashboard first")
         return see_other(url_for("dashboard.login_form"))
     g.dashboard_session = session
     if request.method in _SAFE_METHODS:
@@ -91,9 +100,9 @@ async def gate() -> Response | None:
     form = await request.form
     sent = form.get(CSRF_FIELD) or request.headers.get(CSRF_HEADER)
     if not csrf_matches(session, sent):
-        raise ApiError(403, "csrf", "the form is stale or was not sent by this dashboard: reload the page")
+        raise DashboardError(403, "the form is stale or was not sent by this dashboard: reload the page")
     if request.endpoint not in _ANY_ROLE_POSTS and not session.may_act:
-        raise ApiError(403, "forbidden", "a viewer cannot change anything: ask an operator")
+        raise DashboardError(403, "a viewer cannot change anything: ask an operator")
     return None
 
 

@@ -24,6 +24,7 @@ from app.api.sse import admin_stream, heartbeat_seconds, sse_response
 from app.dashboard.security import (
     CSRF_FIELD,
     CSRF_HEADER,
+    DashboardError,
     current_session,
     gate,
     secure_headers,
@@ -32,7 +33,6 @@ from app.dashboard.security import (
     signer,
 )
 from app.dashboard.session import COOKIE_NAME, SignInError
-from app.errors import ApiError
 from app.runtime import AppRuntime, current_runtime
 
 __all__ = ["blueprint"]
@@ -103,8 +103,8 @@ async def _page(template: str, *, status: int = 200, **context: Any) -> Response
     return Response(html, status=status, content_type="text/html; charset=utf-8")
 
 
-@blueprint.errorhandler(ApiError)
-async def dashboard_error(error: ApiError) -> Response:
+@blueprint.errorhandler(DashboardError)
+async def dashboard_error(error: DashboardError) -> Response:
     html = await render_template("error.html", status=error.status, message=error.message)
     response = Response(html, status=error.status, content_type="text/html; charset=utf-8")
     if error.status == 401:
@@ -207,7 +207,7 @@ def _arg(name: str, max_chars: int = 255) -> str | None:
     if not value:
         return None
     if len(value) > max_chars or not value.isprintable():
-        raise ApiError(422, "invalid_filter", f"{name} must be 1-{max_chars} printable characters")
+        raise DashboardError(422, f"{name} must be 1-{max_chars} printable characters")
     return value
 
 
@@ -218,7 +218,7 @@ def _status_arg() -> JobStatus | None:
     try:
         return JobStatus(value.upper())
     except ValueError:
-        raise ApiError(422, "invalid_filter", f"status must be one of {', '.join(JobStatus)}") from None
+        raise DashboardError(422, f"status must be one of {', '.join(JobStatus)}") from None
 
 
 def _cursor_arg() -> int:
@@ -226,7 +226,7 @@ def _cursor_arg() -> int:
     if value is None:
         return 0
     if not value.isdigit():
-        raise ApiError(422, "invalid_filter", "cursor must be a non-negative integer")
+        raise DashboardError(422, "cursor must be a non-negative integer")
     return int(value)
 
 
@@ -272,10 +272,10 @@ def _row(state: JobState) -> dict[str, Any]:
 
 async def _state_or_404(job_id: str) -> JobState:
     if len(job_id) > _MAX_ID_CHARS:
-        raise ApiError(404, "job_not_found", "no such job")
+        raise DashboardError(404, "no such job")
     state = await _rt().client.get_state(job_id)
     if state is None:
-        raise ApiError(404, "job_not_found", "no such job")
+        raise DashboardError(404, "no such job")
     return state
 
 
@@ -315,9 +315,9 @@ async def retry_job(job_id: str) -> Response:
     try:
         new_id = await _rt().client.retry(job_id)
     except RequestRefusedError as exc:
-        raise ApiError(409, "not_retryable", str(exc)) from None
+        raise DashboardError(409, str(exc)) from None
     if new_id is None:
-        raise ApiError(404, "job_not_found", "no such job")
+        raise DashboardError(404, "no such job")
     logger.info("dashboard: %s retried job %s as %s", current_session().uid, job_id, new_id)
     return see_other(url_for("dashboard.job_detail", job_id=new_id, notice=Notice.RETRIED.value))
 
@@ -328,9 +328,9 @@ async def retry_job(job_id: str) -> Response:
 def _bulk_args(values: Any) -> tuple[BulkAction, str]:
     action, job = values.get("action"), values.get("job")
     if action not in set(BulkAction):
-        raise ApiError(422, "invalid_action", f"action must be one of {', '.join(BulkAction)}")
+        raise DashboardError(422, f"action must be one of {', '.join(BulkAction)}")
     if job not in _rt().agent.registry.requests():
-        raise ApiError(422, "invalid_job", "job must be a registered job type")
+        raise DashboardError(422, "job must be a registered job type")
     return BulkAction(action), str(job)
 
 
@@ -423,7 +423,7 @@ async def schedules() -> Response:
 async def save_schedule(name: str) -> Response:
     scheduler = _rt().client.schedules
     if name not in scheduler.schedules():
-        raise ApiError(404, "schedule_not_found", "no such schedule")
+        raise DashboardError(404, "no such schedule")
     form = await request.form
     changes: dict[str, Any] = {}
     if form.get("enabled") in ("true", "false"):
@@ -436,7 +436,7 @@ async def save_schedule(name: str) -> Response:
             return await _page("schedules.html", status=422, rows=await _schedule_rows({name: (problem, cron)}))
         changes["cron"] = cron or None  # empty: back to the declared cron
     if not changes:
-        raise ApiError(422, "invalid_form", "send enabled=true|false and/or cron")
+        raise DashboardError(422, "send enabled=true|false and/or cron")
     await scheduler.overrides.set(name, by=current_session().uid, **changes)
     logger.info("dashboard: %s changed schedule %s", current_session().uid, name)
     return see_other(url_for("dashboard.schedules", notice=Notice.SCHEDULE_SAVED.value))
@@ -460,7 +460,7 @@ def _run_row(run: RunRecord) -> dict[str, Any]:
 async def runs() -> Response:
     status_value = _arg("status")
     if status_value is not None and status_value not in set(RunStatus):
-        raise ApiError(422, "invalid_filter", f"status must be one of {', '.join(RunStatus)}")
+        raise DashboardError(422, f"status must be one of {', '.join(RunStatus)}")
     before = _arg("before", 64)
     try:
         records = await _rt().agent.runs.list(
@@ -468,7 +468,7 @@ async def runs() -> Response:
             limit=PAGE_SIZE, before=before,
         )
     except ValueError:
-        raise ApiError(422, "invalid_filter", "before must be a cursor from this page's link") from None
+        raise DashboardError(422, "before must be a cursor from this page's link") from None
     next_url = url_for("dashboard.runs", before=records[-1].cursor) if len(records) == PAGE_SIZE else None
     return await _page(
         "runs.html", rows=[_run_row(r) for r in records], next_url=next_url, run_statuses=list(RunStatus),
@@ -483,9 +483,9 @@ async def cancel_run(run_id: str) -> Response:
     rt = _rt()
     run = await rt.agent.runs.get(run_id)
     if run is None:
-        raise ApiError(404, "run_not_found", "no such run")
+        raise DashboardError(404, "no such run")
     if run.status is not RunStatus.RUNNING:
-        raise ApiError(409, "run_ended", f"the run has ended ({run.status.value})")
+        raise DashboardError(409, f"the run has ended ({run.status.value})")
     if run.job_id is not None:
         await rt.client.cancel(run.job_id, wait_s=CANCEL_WAIT_S)
     elif run.group_id is not None:
@@ -514,7 +514,7 @@ async def guards() -> Response:
 async def reset_guard(name: str) -> Response:
     guard = _rt().ics_guard
     if name not in {g.name for g in await guard.states()}:
-        raise ApiError(404, "guard_not_found", "no such connection")
+        raise DashboardError(404, "no such connection")
     await guard.reset(name)
     logger.warning("dashboard: %s reset connection guard %s", current_session().uid, name)
     return see_other(url_for("dashboard.guards", notice=Notice.GUARD_RESET.value))
@@ -542,7 +542,7 @@ async def events() -> Response:
     """
     after = request.headers.get("Last-Event-ID") or request.args.get("after")
     if after is not None and not _EVENT_ID.match(after):
-        raise ApiError(422, "invalid_event_id", "Last-Event-ID must be an event id (<ms>-<seq>)")
+        raise DashboardError(422, "Last-Event-ID must be an event id (<ms>-<seq>)")
     body = await admin_stream(
         _rt().client, name=None, user_uid=None, status=None, last_event_id=after, heartbeat_s=heartbeat_seconds(),
     )
