@@ -567,3 +567,30 @@ async def test_the_dashboard_is_no_api_operation_and_the_api_still_needs_its_bea
     client, _ = await dash.signed_in(DashboardRole.OPERATOR)
     # The session cookie is scoped to /admin/ui and means nothing to the JSON API.
     assert (await client.get("/admin/schedules")).status_code == 401
+
+
+async def test_the_job_type_and_status_indexes_stay_bounded_by_the_retention(
+    sqlite_url: str, namespace: str, redis: Redis, job_registry: JobRegistry
+) -> None:
+    declare_jobs()
+    app = create_app(make_settings(sqlite_url, namespace, state_retention_s=1))
+    async with app.test_app():
+        runtime: AppRuntime = app.extensions[EXTENSION_KEY]
+        keys = runtime.agent.job_store.keys
+
+        async def run(count: int) -> list[str]:
+            ids = [await runtime.client.enqueue_named(OTHER_JOB, {}, "u1") for _ in range(count)]
+            await runtime.agent.run_worker(burst=True, poll_delay=0, handle_signals=False)
+            return ids
+
+        old = await run(3)
+        assert set(await redis.zrange(keys.name_index(OTHER_JOB), 0, -1)) == {i.encode() for i in old}
+        assert await redis.zcard(keys.status_index(JobStatus.SUCCESS.value)) == 3
+        await asyncio.sleep(2.2)  # the states expire (1 s retention): their index entries are dead weight
+        new = await run(1)
+        assert await redis.zrange(keys.name_index(OTHER_JOB), 0, -1) == [new[0].encode()]
+        assert await redis.zrange(keys.status_index(JobStatus.SUCCESS.value), 0, -1) == [new[0].encode()]
+        state = await runtime.client.get_state(new[0])
+        assert state is not None and state.finished_ms is not None
+        bucket = keys.ended_counts(state.finished_ms // 3_600_000)
+        assert 0 < await redis.ttl(bucket) <= 1 + 3600  # the hourly counters expire too

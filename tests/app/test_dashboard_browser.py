@@ -398,3 +398,24 @@ def test_the_page_reconnects_after_the_api_is_killed_and_restarted_and_catches_u
         rows = driver.find_element(By.ID, "job-rows").get_attribute("outerHTML")
         raise AssertionError(f"{missed}: {rows} {stack.log_tail()}") from None
     assert driver.execute_script("return window.__noReload;") == 1
+
+
+def test_pause_holds_the_live_updates_until_resumed(driver: WebDriver, stack: Stack) -> None:
+    sign_in(driver, stack, DashboardRole.VIEWER)
+    driver.get(f"{stack.base}/admin/ui/jobs")
+    live(driver)
+    toggle = driver.find_element(By.ID, "live-toggle")
+    toggle.click()
+    assert toggle.text == "Resume live"
+    job_id = enqueue_steps(stack, steps=1, pause_s=0.1)
+
+    def ended() -> bool:
+        state = httpx.get(f"{stack.base}/jobs/{job_id}", headers=stack.bearer("u-browser")).json()
+        return bool(state["status"] == "SUCCESS")
+
+    wait_until(ended, "the job to end")
+    time.sleep(0.5)  # its events have reached the page by now: held, not shown
+    assert row_status(driver, job_id) == ""
+    toggle.click()
+    assert toggle.text == "Pause live"
+    wait_until(lambda: row_status(driver, job_id) == "SUCCESS", "the held events to be applied")
