@@ -15,11 +15,12 @@ from typing import Any
 from quart import Blueprint, Response, g, render_template, request, send_from_directory, url_for
 from quart_schema import hide
 
-from agent_async import ACTIVE, JobState, JobStatus, RequestRefusedError
+from agent_async import ACTIVE, JobEvent, JobState, JobStatus, RequestRefusedError
 from agent_async.lifecycle import now_ms
 from agent_async.runs import RunRecord, RunStatus
 from agent_async.schedules.cron import cron_problem, next_fire
 from agent_async.schedules.scheduler import ScheduleView
+from agent_async.store.events import EventType
 from app.api.sse import admin_stream, heartbeat_seconds, sse_response
 from app.dashboard.security import (
     CSRF_FIELD,
@@ -289,9 +290,21 @@ async def job_detail(job_id: str) -> Response:
     return await _page(
         "job.html", job=_row(state), state=state, public=public,
         payload_json=_pretty(public["payload"]), result_json=_pretty(public["result"]),
-        timeline=[{**e.to_dict(), "at": _iso(e.at_ms)} for e in events],
+        timeline=_timeline(events),
         may_cancel=state.status in ACTIVE, may_retry=state.status in (JobStatus.FAILURE, JobStatus.CANCELED),
     )
+
+
+def _timeline(events: list[JobEvent]) -> list[dict[str, Any]]:
+    """Every transition, and of a run of progress reports only the latest: a long job reports hundreds."""
+    shown: list[dict[str, Any]] = []
+    for event in events:
+        entry = {**event.to_dict(), "at": _iso(event.at_ms)}
+        if event.type is EventType.PROGRESS and shown and shown[-1]["type"] == EventType.PROGRESS.value:
+            shown[-1] = entry
+        else:
+            shown.append(entry)
+    return shown
 
 
 def _pretty(value: Any) -> str | None:

@@ -594,3 +594,23 @@ async def test_the_job_type_and_status_indexes_stay_bounded_by_the_retention(
         assert state is not None and state.finished_ms is not None
         bucket = keys.ended_counts(state.finished_ms // 3_600_000)
         assert 0 < await redis.ttl(bucket) <= 1 + 3600  # the hourly counters expire too
+
+
+def test_the_timeline_keeps_every_transition_and_the_latest_of_each_run_of_progress() -> None:
+    from agent_async import JobEvent
+    from agent_async.store.events import EventType
+    from app.dashboard.views import _timeline
+
+    def event(n: int, kind: EventType, status: JobStatus, fraction: float | None = None) -> JobEvent:
+        return JobEvent(event_id=f"{n}-0", type=kind, job_id="j", status=status, name="x", user_uid=None,
+                        attempts=1, at_ms=n, fraction=fraction)
+
+    events = [event(1, EventType.STATUS, JobStatus.PENDING), event(2, EventType.STATUS, JobStatus.STARTED),
+              *(event(3 + n, EventType.PROGRESS, JobStatus.STARTED, n / 10) for n in range(10)),
+              event(20, EventType.STATUS, JobStatus.RETRY), event(21, EventType.PROGRESS, JobStatus.STARTED, 0.5),
+              event(22, EventType.STATUS, JobStatus.SUCCESS)]
+    shown = _timeline(events)
+    assert [(e["type"], e["status"], e["fraction"]) for e in shown] == [
+        ("status", "PENDING", None), ("status", "STARTED", None), ("progress", "STARTED", 0.9),
+        ("status", "RETRY", None), ("progress", "STARTED", 0.5), ("status", "SUCCESS", None),
+    ]

@@ -126,6 +126,10 @@
       if (empty) { empty.remove(); }
       var li = document.createElement("li");
       li.setAttribute("data-event-id", ev.id);
+      li.setAttribute("data-type", ev.type);
+      // A run of progress reports shows only its latest (as the server renders it).
+      var last = timeline.lastElementChild;
+      if (ev.type === "progress" && last && last.getAttribute("data-type") === "progress") { last.remove(); }
       var time = document.createElement("span");
       time.className = "time";
       time.textContent = isoSeconds(ev.at_ms) + " ";
