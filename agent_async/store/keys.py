@@ -46,9 +46,9 @@ class KeySpace:
         """Ended jobs of one terminal status, scored by the end time (ms); written by lib.lua's end_job."""
         return f"{self.namespace}:idx:status:{status}"
 
-    def ended_counts(self, hour: int) -> str:
+    def ended_counts(self, hour: int | str) -> str:
         """Jobs ended within one hour (epoch ms // 3,600,000): `<job name>|<status>` -> count (a hash
-        expiring with the retention)."""
+        expiring with the retention). `hour=""` gives the prefix the overview script appends hours to."""
         return f"{self.namespace}:idx:counts:{hour}"
 
     @property

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from agent_async.lifecycle import ACTIVE, JobStatus, now_ms
 from agent_async.state import JobState
 from agent_async.store.jobs import JobStore, _reachable
+from agent_async.store.scripts import LuaScript, lua_source, run_script
 
-__all__ = ["JobListing", "JobPage"]
+__all__ = ["JobListing", "JobPage", "OverviewCounts"]
 
 # A filtered listing reads its index this many entries at a time (one ZREVRANGE + one HMGET pipeline).
 _PAGE_CHUNK = 200
@@ -29,6 +30,25 @@ class JobPage:
     next_cursor: int | None
     scanned: int
     truncated: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OverviewCounts:
+    ended: dict[tuple[str, JobStatus], int]
+    active: dict[tuple[str, JobStatus], int]
+    active_read: int  # active jobs looked at (capped): below the active index's size, counts are partial
+
+
+def _pairs(flat: list[bytes | int]) -> dict[tuple[str, JobStatus], int]:
+    counts: dict[tuple[str, JobStatus], int] = {}
+    for field_name, value in zip(flat[::2], flat[1::2], strict=True):
+        text = field_name.decode() if isinstance(field_name, bytes) else str(field_name)
+        name, _, status = text.rpartition("|")
+        counts[name, JobStatus(status)] = int(value)
+    return counts
+
+
+_OVERVIEW = LuaScript(lua_source("agent_async.store", "overview_counts.lua"))
 
 
 class JobListing:
@@ -108,37 +128,20 @@ class JobListing:
                         break
         return matched, position, scanned
 
-    async def ended_counts(self, *, since_ms: int) -> dict[tuple[str, JobStatus], int]:
-        """How many jobs ended per (job name, terminal status) from the hour of `since_ms` on (the
-        hourly counters end_job keeps; an hour bucket is counted whole)."""
-        first, last = since_ms // _HOUR_MS, now_ms() // _HOUR_MS
+    async def overview_counts(self, *, since_ms: int, active_limit: int = 10_000) -> OverviewCounts:
+        """Jobs per (job name, status): the ended ones from the hourly counters end_job keeps, from the
+        hour of `since_ms` on (an hour is counted whole), and the non-terminal ones read from the active
+        index (its oldest `active_limit` at most). One script call."""
+        keys = self._jobs.keys
+        last = now_ms() // _HOUR_MS
+        # No counter outlives the retention (plus its hour): older hours need not be looked at.
+        first = max(since_ms // _HOUR_MS, last - self._jobs.retention_s // 3600 - 1)
+        call = _OVERVIEW([keys.active_index], [keys.state(""), keys.ended_counts(""), first, last, active_limit])
         with _reachable("count jobs"):
-            async with self._jobs.redis.pipeline(transaction=False) as pipe:
-                for hour in range(first, last + 1):
-                    pipe.hgetall(self._jobs.keys.ended_counts(hour))
-                buckets = await pipe.execute()
-        counts: dict[tuple[str, JobStatus], int] = {}
-        for bucket in buckets:
-            for field_name, value in bucket.items():
-                name, _, status = field_name.decode().rpartition("|")
-                key = (name, JobStatus(status))
-                counts[key] = counts.get(key, 0) + int(value)
-        return counts
+            ended, active, read = await run_script(self._jobs.redis, call)
+        return OverviewCounts(ended=_pairs(ended), active=_pairs(active), active_read=int(read))
 
     async def ended_since(self, status: JobStatus, since_ms: int) -> int:
         """How many jobs ended with this terminal status since `since_ms` (its status index)."""
         with _reachable("count jobs"):
             return int(await self._jobs.redis.zcount(self._jobs.keys.status_index(status.value), since_ms, "+inf"))
-
-    async def active_summary(self, *, limit: int = 10_000) -> list[tuple[str, str, JobStatus, int]]:
-        """(job id, name, status, created ms) of the non-terminal jobs (at most `limit`, oldest first)."""
-        with _reachable("list jobs"):
-            ids = [i.decode() for i in await self._jobs.redis.zrange(self._jobs.keys.active_index, 0, limit - 1)]
-            async with self._jobs.redis.pipeline(transaction=False) as pipe:
-                for job_id in ids:
-                    pipe.hmget(self._jobs.keys.state(job_id), ["name", "status", "created_ms"])
-                rows = await pipe.execute()
-        return [
-            (job_id, row[0].decode(), JobStatus(row[1].decode()), int(row[2] or 0))
-            for job_id, row in zip(ids, rows, strict=True) if row[0] is not None and row[1] is not None
-        ]

@@ -428,8 +428,9 @@ async def test_the_overview_counts_by_type_and_status(dash: Dash) -> None:
     await dash.enqueue(text="x")
     await dash.drain()
     await dash.enqueue(OTHER_JOB)
-    counts = await dash.runtime.client.listing.ended_counts(since_ms=0)
-    assert counts[SECRET_JOB, JobStatus.FAILURE] == 2 and counts[SECRET_JOB, JobStatus.SUCCESS] == 1
+    counts = await dash.runtime.client.listing.overview_counts(since_ms=0)
+    assert counts.ended == {(SECRET_JOB, JobStatus.FAILURE): 2, (SECRET_JOB, JobStatus.SUCCESS): 1}
+    assert counts.active == {(OTHER_JOB, JobStatus.PENDING): 1} and counts.active_read == 1
     client, _ = await dash.signed_in(DashboardRole.VIEWER)
     html = await (await client.get("/admin/ui/")).get_data(as_text=True)
     assert re.search(rf'job={re.escape(SECRET_JOB)}&amp;status=FAILURE">2<', html)
