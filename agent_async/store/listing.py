@@ -145,3 +145,12 @@ class JobListing:
         """How many jobs ended with this terminal status since `since_ms` (its status index)."""
         with _reachable("count jobs"):
             return int(await self._jobs.redis.zcount(self._jobs.keys.status_index(status.value), since_ms, "+inf"))
+
+    async def group_id_of(self, job_id: str) -> str | None:
+        """The fan-out group a job is a child of (None: it is none's)."""
+        keys = self._jobs.keys
+        with _reachable("read a job"):
+            raw = await self._jobs.redis.hget(keys.state(job_id), "group")  # type: ignore[misc]
+        if raw is None:
+            return None
+        return str(raw.decode()).removeprefix(keys.group(""))

@@ -286,8 +286,10 @@ async def job_detail(job_id: str) -> Response:
     state = await _state_or_404(job_id)
     public = rt.serializer.dump(state)
     events = await rt.agent.events.latest(TIMELINE_EVENTS, job_id=job_id)
+    group_id = await rt.client.listing.group_id_of(job_id)
+    group = None if group_id is None else await rt.client.get_group(group_id)
     return await _page(
-        "job.html", job=_row(state), state=state, public=public,
+        "job.html", job=_row(state), state=state, public=public, group=group,
         payload_json=_pretty(public["payload"]), result_json=_pretty(public["result"]),
         timeline=_timeline(events),
         may_cancel=state.status in ACTIVE, may_retry=state.status in (JobStatus.FAILURE, JobStatus.CANCELED),

@@ -615,3 +615,33 @@ def test_the_timeline_keeps_every_transition_and_the_latest_of_each_run_of_progr
         ("status", "PENDING", None), ("status", "STARTED", None), ("progress", "STARTED", 0.9),
         ("status", "RETRY", None), ("progress", "STARTED", 0.5), ("status", "SUCCESS", None),
     ]
+
+
+async def test_a_group_childs_page_shows_its_group_and_links_its_finalizer(dash: Dash) -> None:
+    from agent_async.groups import GroupFinalizer
+
+    @dataclass
+    class Final(GroupFinalizer):
+        name: ClassVar[str] = "tests.dash.final"
+
+    @agent_job
+    class FinalJob(Job[Final]):
+        request_class = Final
+
+        async def process(self, request: Final, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+            return {}
+
+    registry = dash.runtime.agent.registry
+    children = [registry.request(OTHER_JOB).from_payload({}) for _ in range(2)]  # type: ignore[union-attr]
+    group_id = await dash.runtime.client.enqueue_group(children, Final(), user_uid="u1")
+    await dash.drain()
+    page = await dash.runtime.client.list_page(name=OTHER_JOB)
+    child = page.states[0].job_id
+    assert await dash.runtime.client.listing.group_id_of(child) == group_id
+    group = await dash.runtime.client.get_group(group_id)
+    assert group is not None
+    client, _ = await dash.signed_in(DashboardRole.VIEWER)
+    html = await (await client.get(f"/admin/ui/jobs/{child}")).get_data(as_text=True)
+    assert f"<code>{group_id}</code>" in html and "2 succeeded" in html
+    assert f'href="/admin/ui/jobs/{group.finalizer_job_id}">finalizer<' in html
+    assert await dash.runtime.client.listing.group_id_of(group.finalizer_job_id) is None
