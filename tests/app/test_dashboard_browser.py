@@ -406,7 +406,7 @@ def test_pause_holds_the_live_updates_until_resumed(driver: WebDriver, stack: St
     live(driver)
     toggle = driver.find_element(By.ID, "live-toggle")
     toggle.click()
-    assert toggle.text == "Resume live"
+    assert toggle.text == "Resume live"  # nothing held yet
     job_id = enqueue_steps(stack, steps=1, pause_s=0.1)
 
     def ended() -> bool:
@@ -414,7 +414,8 @@ def test_pause_holds_the_live_updates_until_resumed(driver: WebDriver, stack: St
         return bool(state["status"] == "SUCCESS")
 
     wait_until(ended, "the job to end")
-    time.sleep(0.5)  # its events have reached the page by now: held, not shown
+    # Its three events (queued, started, ended; progress too) reached the page and are held, not shown.
+    wait_until(lambda: toggle.text.startswith("Resume live (") and int(toggle.text[13:-1]) >= 3, "held events")
     assert row_status(driver, job_id) == ""
     toggle.click()
     assert toggle.text == "Pause live"

@@ -176,7 +176,11 @@
     if (message.lastEventId) { lastId = message.lastEventId; }
     var ev;
     try { ev = JSON.parse(message.data); } catch (e) { return; }
-    if (paused) { held.push(ev); return; }
+    if (paused) {
+      held.push(ev);
+      toggle.textContent = "Resume live (" + held.length + ")";
+      return;
+    }
     apply(ev);
   }
 
