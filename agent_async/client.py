@@ -16,6 +16,7 @@ from agent_async.request import JobRequest
 from agent_async.schedules.scheduler import Scheduler
 from agent_async.state import JobState
 from agent_async.store.events import JobEvent
+from agent_async.store.listing import JobListing, JobPage
 from agent_async.store.workers import WorkerDirectory, WorkerInfo
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ class ClientAgent:
     def __init__(self, agent: Agent, *, store: ClientStorage | None = None) -> None:
         self.agent = agent
         self._jobs = agent.job_store
+        self.listing = JobListing(agent.job_store)
         self._store = store
         self._canceller = JobCanceller(
             agent.job_store, engine_ref=agent.engine.ref, cancel_grace_s=agent.settings.cancel_grace_s
@@ -103,6 +105,22 @@ class ClientAgent:
             if len(found) >= limit or len(page) < 500:
                 break
         return found[:limit]
+
+    async def list_page(
+        self,
+        *,
+        status: JobStatus | None = None,
+        name: str | None = None,
+        user_uid: str | None = None,
+        cursor: int = 0,
+        limit: int = 50,
+        scan_limit: int = 5000,
+    ) -> JobPage:
+        """A page of every user's jobs, filtered, read from indexes (see JobStore.list_page);
+        the next page starts at `page.next_cursor`."""
+        return await self.listing.list_page(
+            status=status, name=name, user_uid=user_uid, cursor=cursor, limit=limit, scan_limit=scan_limit
+        )
 
     async def retry(self, job_id: str) -> str | None:
         """Queue a FAILURE or CANCELED job again under a new id, same request and user; the new

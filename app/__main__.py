@@ -1,4 +1,4 @@
-"""CLI: `python -m app {api,worker,migrate,token,demo}`."""
+"""CLI: `python -m app {api,worker,migrate,token,dashboard-token,demo}`."""
 
 from __future__ import annotations
 
@@ -111,6 +111,23 @@ def _token(settings: AppSettings, uid: str, admin: bool) -> int:
     return 0
 
 
+def _dashboard_token(settings: AppSettings, uid: str, role: str) -> int:
+    from app.dashboard.session import DashboardRole, DashboardSigner
+
+    signer = DashboardSigner(
+        settings.require_secret(), token_max_age_s=settings.dashboard_token_max_age_s,
+        session_max_age_s=settings.dashboard_session_max_age_s,
+    )
+    try:
+        token = signer.issue_sign_in(uid, DashboardRole(role))
+    except ValueError as exc:
+        raise CliError(f"invalid uid {uid!r}: {exc}", EXIT_USAGE) from None
+    print(token)
+    minutes = settings.dashboard_token_max_age_s / 60
+    print(f"paste it at /admin/ui/login within {minutes:g} min (it signs in {uid} as {role})", file=sys.stderr)
+    return 0
+
+
 def _port(raw: str) -> int:
     try:
         port = int(raw)
@@ -132,6 +149,10 @@ def _parser() -> argparse.ArgumentParser:
     token = commands.add_parser("token", help="print a bearer token for a user")
     token.add_argument("uid", help="the user id the token carries")
     token.add_argument("--admin", action="store_true", help="set the admin flag")
+    dash = commands.add_parser("dashboard-token", help="print a sign-in token for the dashboard (/admin/ui)")
+    dash.add_argument("uid", help="who signs in (shown in the dashboard and its change logs)")
+    dash.add_argument("--role", choices=("viewer", "operator"), required=True,
+                      help="viewer: sees everything, changes nothing; operator: may act")
     demo = commands.add_parser("demo", help="migrate, start API and worker, run a scripted scenario")
     demo.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
     demo.add_argument("--port", type=_port, help="port (default: $AGENT_PORT or 8000; 0 picks a free one)")
@@ -157,6 +178,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _migrate(settings)
         if args.command == "token":
             return _token(settings, args.uid, args.admin)
+        if args.command == "dashboard-token":
+            return _dashboard_token(settings, args.uid, args.role)
         from app.demo import run_demo
 
         return run_demo(settings, host=args.host, port=port, once=args.once)

@@ -11,6 +11,7 @@ from quart_schema import Info, QuartSchema, document_response
 
 from agent_async import Agent, ClientAgent, init_jobs
 from agent_async.serializer import JobStateSerializerDict
+from app import dashboard
 from app.api import jobs as jobs_api
 from app.api import metrics as metrics_api
 from app.api.openapi import AppOpenAPIProvider, document_errors
@@ -84,7 +85,8 @@ def create_app(settings: AppSettings | None = None) -> Quart:
         # public OpenAPI document does not, and a public route's 405 must not read as a 401.
         if request.endpoint in PUBLIC_ENDPOINTS or request.routing_exception is not None:
             return
-        if request.endpoint in OWN_TOKEN_ENDPOINTS:
+        # /metrics checks its own token; the dashboard its session cookie (app/dashboard/security.py).
+        if request.endpoint in OWN_TOKEN_ENDPOINTS or request.blueprint == dashboard.blueprint.name:
             return
         g.principal = runtime.require_signer().from_header(request.headers.get("Authorization"))
 
@@ -101,6 +103,7 @@ def create_app(settings: AppSettings | None = None) -> Quart:
     app.register_blueprint(calendar_api.admin_blueprint)
     app.register_blueprint(admin_api.blueprint)
     app.register_blueprint(metrics_api.blueprint)
+    app.register_blueprint(dashboard.blueprint)
     register_error_handlers(app)
     return app
 

@@ -23,6 +23,10 @@ DEFAULT_ICS_FAILURE_THRESHOLD = 5
 DEFAULT_ICS_COOLDOWN_S = 60.0
 # Syncs of one periodic sweep running at the same time (the group's window), across all workers.
 DEFAULT_ICS_SWEEP_MAX_IN_FLIGHT = 10
+# The operator dashboard (/admin/ui): how long a sign-in token minted by `python -m app dashboard-token`
+# may wait before it is exchanged, and how long the session cookie it is exchanged for lasts.
+DEFAULT_DASHBOARD_TOKEN_MAX_AGE_S = 15 * 60
+DEFAULT_DASHBOARD_SESSION_MAX_AGE_S = 8 * 3600
 # Where the app's job modules live (app/module/<module>/jobs/*.py). The library's own default is
 # empty (it names no application); the app fills it in unless AGENT_JOB_PACKAGES names others.
 APP_JOB_PACKAGES = ("app.module",)
@@ -54,6 +58,8 @@ class AppSettings:
     ics_sweep_max_in_flight: int = DEFAULT_ICS_SWEEP_MAX_IN_FLIGHT
     # The bearer token of GET /metrics (app/api/metrics.py); None: the endpoint answers 404.
     metrics_token: str | None = field(default=None, repr=False)
+    dashboard_token_max_age_s: int = DEFAULT_DASHBOARD_TOKEN_MAX_AGE_S
+    dashboard_session_max_age_s: int = DEFAULT_DASHBOARD_SESSION_MAX_AGE_S
 
     ENV = {
         "secret_key": "AGENT_SECRET_KEY",
@@ -69,6 +75,8 @@ class AppSettings:
         "ics_cooldown_s": "AGENT_ICS_COOLDOWN_SECONDS",
         "ics_sweep_max_in_flight": "AGENT_ICS_SWEEP_MAX_IN_FLIGHT",
         "metrics_token": "AGENT_METRICS_TOKEN",
+        "dashboard_token_max_age_s": "AGENT_DASHBOARD_TOKEN_MAX_AGE_SECONDS",
+        "dashboard_session_max_age_s": "AGENT_DASHBOARD_SESSION_MAX_AGE_SECONDS",
     }
 
     def __post_init__(self) -> None:
@@ -86,12 +94,7 @@ class AppSettings:
                 f"invalid setting AGENT_METRICS_TOKEN: must be at least {MIN_SECRET_CHARS} characters, or unset "
                 "to turn GET /metrics off"
             )
-        if self.max_body_bytes < 1024:
-            raise ConfigurationError(f"invalid setting AGENT_MAX_BODY_BYTES={self.max_body_bytes}: must be >= 1024")
-        if self.token_max_age_s < 1:
-            raise ConfigurationError(
-                f"invalid setting AGENT_TOKEN_MAX_AGE_SECONDS={self.token_max_age_s}: must be >= 1"
-            )
+        self._check_ranges()
         if not 0 <= self.port <= 65535:
             raise ConfigurationError(f"invalid setting AGENT_PORT={self.port}: must be 0..65535")
         object.__setattr__(
@@ -107,16 +110,20 @@ class AppSettings:
                 raise ConfigurationError(
                     f"invalid setting {self.ENV[name]}={value}: must be a {kind} number of seconds"
                 )
-        if self.fetch_max_bytes < 1024:
-            raise ConfigurationError(f"invalid setting AGENT_FETCH_MAX_BYTES={self.fetch_max_bytes}: must be >= 1024")
-        if self.ics_failure_threshold < 1:
-            raise ConfigurationError(
-                f"invalid setting AGENT_ICS_FAILURE_THRESHOLD={self.ics_failure_threshold}: must be >= 1"
-            )
         if not 1 <= self.ics_sweep_max_in_flight <= 1000:
             raise ConfigurationError(
                 f"invalid setting AGENT_ICS_SWEEP_MAX_IN_FLIGHT={self.ics_sweep_max_in_flight}: must be 1 to 1000"
             )
+
+    def _check_ranges(self) -> None:
+        """The integer settings with a least value (named by their variable, value echoed: none is a secret)."""
+        for name, least in (
+            ("max_body_bytes", 1024), ("fetch_max_bytes", 1024), ("token_max_age_s", 1),
+            ("dashboard_token_max_age_s", 1), ("dashboard_session_max_age_s", 1), ("ics_failure_threshold", 1),
+        ):
+            value = getattr(self, name)
+            if value < least:
+                raise ConfigurationError(f"invalid setting {self.ENV[name]}={value}: must be >= {least}")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> AppSettings:
@@ -141,6 +148,12 @@ class AppSettings:
                 env, cls.ENV["ics_sweep_max_in_flight"], DEFAULT_ICS_SWEEP_MAX_IN_FLIGHT
             ),
             metrics_token=(env.get(cls.ENV["metrics_token"]) or "").strip() or None,
+            dashboard_token_max_age_s=_int(
+                env, cls.ENV["dashboard_token_max_age_s"], DEFAULT_DASHBOARD_TOKEN_MAX_AGE_S
+            ),
+            dashboard_session_max_age_s=_int(
+                env, cls.ENV["dashboard_session_max_age_s"], DEFAULT_DASHBOARD_SESSION_MAX_AGE_S
+            ),
         )
 
     def require_secret(self) -> str:

@@ -38,6 +38,19 @@ class KeySpace:
         """Every job, scored by its creation time (ms): listings across users (pruned as states expire)."""
         return f"{self.namespace}:idx:all"
 
+    def name_index(self, job_name: str) -> str:
+        """Jobs of one job type, scored by creation time (ms); lib.lua derives it from active_index."""
+        return f"{self.namespace}:idx:name:{job_name}"
+
+    def status_index(self, status: str) -> str:
+        """Ended jobs of one terminal status, scored by the end time (ms); written by lib.lua's end_job."""
+        return f"{self.namespace}:idx:status:{status}"
+
+    def ended_counts(self, hour: int | str) -> str:
+        """Jobs ended within one hour (epoch ms // 3,600,000): `<job name>|<status>` -> count (a hash
+        expiring with the retention). `hour=""` gives the prefix the overview script appends hours to."""
+        return f"{self.namespace}:idx:counts:{hour}"
+
     @property
     def active_index(self) -> str:
         """Non-terminal jobs, scored by the time of their last transition (ms)."""

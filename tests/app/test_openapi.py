@@ -32,6 +32,9 @@ from tests.app.conftest import make_settings
 # Routes that are documentation, not API operations.
 UNDOCUMENTED_ENDPOINTS = {"openapi", "swagger_ui"}
 NOT_OPERATION_METHODS = {"HEAD", "OPTIONS"}
+# The dashboard's HTML pages (/admin/ui, cookie sessions, HTML errors) are no API operations: hidden
+# from the document, covered by tests/app/test_dashboard.py.
+DASHBOARD_ENDPOINTS = "dashboard."
 
 # Everything but /health needs a token (401); every operation reaches Redis or the database (503);
 # the request-head limit applies to every route (431).
@@ -97,6 +100,8 @@ def routes(app: Quart) -> Iterator[tuple[str, str, str, Callable[..., Any]]]:
     """(method, OpenAPI path, endpoint, view function) of every API route of the app."""
     for rule in app.url_map.iter_rules():
         if rule.endpoint in UNDOCUMENTED_ENDPOINTS or rule.endpoint == "static" or rule.websocket:
+            continue
+        if rule.endpoint.startswith(DASHBOARD_ENDPOINTS):
             continue
         path = _CONVERTER.sub(r"{\1}", rule.rule)
         for method in sorted(set(rule.methods or ()) - NOT_OPERATION_METHODS):

@@ -33,6 +33,7 @@ if gate ~= '' and limit > 0 then
 end
 redis.call('ZADD', active, now, job_id)
 redis.call('ZADD', all_idx, now, job_id)
+redis.call('ZADD', idx_key(active, 'name:' .. redis.call('HGET', state, 'name')), now, job_id)
 if user_idx ~= '' then redis.call('ZADD', user_idx, now, job_id) end
 if sched_idx ~= '' then redis.call('ZADD', sched_idx, now, job_id) end
 if gate ~= '' and limit > 0 then

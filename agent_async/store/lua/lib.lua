@@ -66,6 +66,10 @@ local function prune(index, state_prefix, cutoff_ms)
   end
 end
 
+-- The dashboard's indexes (store/keys.py name_index, status_index, ended_counts) sit beside the
+-- active index, <ns>:idx:active, so no script needs another key argument to reach them.
+local function idx_key(active, suffix) return string.sub(active, 1, -7) .. suffix end
+
 local function zset_or_none(key)
   if key == '' then return true end
   local t = redis.call('TYPE', key)['ok']
@@ -82,6 +86,7 @@ local function create_prepared(spec, active, now)
   metric('enq|' .. field_value(spec.fields, 1, 'name'))
   redis.call('ZADD', active, now, spec.id)
   redis.call('ZADD', spec.all_idx, now, spec.id)
+  redis.call('ZADD', idx_key(active, 'name:' .. redis.call('HGET', spec.state, 'name')), now, spec.id)
   if spec.user_idx ~= '' then redis.call('ZADD', spec.user_idx, now, spec.id) end
   engine_queue(spec.queue, spec.job_key, spec.engine_id, spec.bytes, now, spec.ttl_ms)
 end
@@ -152,6 +157,11 @@ local function end_job(state, active, leases, job_id, status, now, retention_s, 
   redis.call('ZREM', leases, job_id)
   if h[1] then redis.call('ZREM', h[1], job_id) end
   redis.call('EXPIRE', state, retention_s)
+  local name, counts = redis.call('HGET', state, 'name') or '', idx_key(active, 'counts:' .. math.floor(now / 3600000))
+  redis.call('ZADD', idx_key(active, 'status:' .. status), now, job_id)
+  redis.call('HINCRBY', counts, name .. '|' .. status, 1); redis.call('EXPIRE', counts, retention_s + 3600)
+  local prefix, cutoff = string.sub(state, 1, -#job_id - 1), now - retention_s * 1000
+  prune(idx_key(active, 'status:' .. status), prefix, cutoff); prune(idx_key(active, 'name:' .. name), prefix, cutoff)
   emit(state, job_id, status, now)
   local name = h[3] or ''
   metric('fin|' .. name .. '|' .. status)
