@@ -195,12 +195,12 @@ class FastWorker(StoppableWorker):
         self._hooks = hooks
         self._names = names
         self.ctx[CTX_COMMIT_IN_FINISH] = True
-        # Burst runs (tests, `drain`) end when the queue is empty: they keep arq's poll loop.
+        # Burst runs (tests, `drain`) end when the queue is empty: they poll, as arq does.
         self._push = push_wakeup and not self.burst
         self._poll_pause_s = self.poll_delay_s
-        if self._push:
-            # arq's loop then only yields between iterations; each iteration waits for work itself.
-            self.poll_delay_s = 0.0
+        # arq's loop only yields between iterations: each iteration waits for what it needs (a
+        # free slot, a wake-up or a poll pause) at its start, so a freed slot is refilled at once.
+        self.poll_delay_s = 0.0
         self._max_block_s = max_block_s
         self._wait: _Wait | None = None
         self._waker: Waker | None = None
@@ -210,7 +210,7 @@ class FastWorker(StoppableWorker):
         """arq's iteration, with the claims as one script per batch and, with push wake-up, the
         wait for work at its start (arq sleeps poll_delay between iterations instead)."""
         wait, self._wait = self._wait, None
-        if self._push and wait is not None:
+        if wait is not None:
             await self._wait_for_work(wait)
         # Before the claim: a cron tick enqueued now counts in the claim's next-deferred time.
         await self.heart_beat()
@@ -270,6 +270,8 @@ class FastWorker(StoppableWorker):
             if self.job_counter >= self.max_jobs:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._slot_freed.wait(), timeout_s)
+        elif not self._push:
+            await asyncio.sleep(min(self._poll_pause_s, timeout_s))
         else:
             if self._waker is None:
                 self._waker = Waker(cast(ArqRedis, self._pool), self._names.wake_key)
