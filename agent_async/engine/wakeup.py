@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from dataclasses import dataclass
+from enum import Enum
 from typing import Any
 
 from redis.asyncio import Redis
@@ -13,7 +15,7 @@ from redis.asyncio.connection import AbstractConnection
 
 from agent_async.engine.wire import WAKE_CAP, WAKE_TTL_MS
 
-__all__ = ["Waker", "queue_wake"]
+__all__ = ["Idle", "Wait", "Waker", "queue_wake"]
 
 logger = logging.getLogger(__name__)
 
@@ -21,6 +23,22 @@ logger = logging.getLogger(__name__)
 # wait that must end on time (a deferred job, a cron tick) is ended by this process instead, with
 # CLIENT UNBLOCK; Redis's own timeout then sits this far later, as a backstop only.
 _BACKSTOP_S = 0.5
+
+
+class Idle(Enum):
+    """What the fast worker waits for before its next claim."""
+
+    SLOT = "slot"  # every slot is busy: a running job to end
+    WORK = "work"  # nothing claimable: a wake-up token, or the next deferred job's time
+    POLL = "poll"  # the read limit was full of jobs claimed elsewhere: arq's polling pause
+    STOP = "stop"  # stopping: no more claims, only arq's cancel to come
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    kind: Idle
+    # Wall-clock ms of the next deferred job (WORK), if any.
+    until_ms: int | None = None
 
 
 def queue_wake(pipe: Pipeline, wake_key: str) -> None:

@@ -1,4 +1,5 @@
-"""The fast worker: arq's Worker with fewer round trips per job, and a loop that survives Redis errors."""
+"""The fast worker: arq's Worker with batch claims, push wake-up, fewer round trips per job, and a
+loop that survives Redis errors."""
 
 from __future__ import annotations
 
@@ -9,8 +10,6 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
-from enum import Enum
 from signal import Signals
 from typing import Any, cast
 
@@ -21,7 +20,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError, RedisError
 
 from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_PIGGYBACK, Hooks, Piggyback
-from agent_async.engine.wakeup import Waker, queue_wake
+from agent_async.engine.wakeup import Idle, Wait, Waker, queue_wake
 from agent_async.engine.wire import WAKE_CAP, WAKE_SUFFIX, WAKE_TTL_MS, EngineNames
 from agent_async.lifecycle import now_ms
 from agent_async.outage import OUTAGE_ERRORS, RedisOutage
@@ -54,22 +53,6 @@ _CRON_WAKE_MARGIN_S = 0.01
 # that finish queues the job again (a retry, a shutdown hand-back): then it also wakes a worker.
 _FINISH_SCRIPT: ContextVar[ScriptCall | None] = ContextVar("agent_async_finish_script", default=None)
 _FINISH_WAKE: ContextVar[str | None] = ContextVar("agent_async_finish_wake", default=None)
-
-
-class _Idle(Enum):
-    """What the fast worker waits for before its next claim."""
-
-    SLOT = "slot"  # every slot is busy: a running job to end
-    WORK = "work"  # nothing claimable: a wake-up token, or the next deferred job's time
-    POLL = "poll"  # the read limit was full of jobs claimed elsewhere: arq's polling pause
-    STOP = "stop"  # stopping: no more claims, only arq's cancel to come
-
-
-@dataclass(frozen=True, slots=True)
-class _Wait:
-    kind: _Idle
-    # Wall-clock ms of the next deferred job (WORK), if any.
-    until_ms: int | None = None
 
 
 class _PoolWithScript:
@@ -180,12 +163,16 @@ async def run_stopping_on_signal(worker: StoppableWorker) -> None:
 class FastWorker(StoppableWorker):
     """arq's Worker with fewer round trips per job (`Agent.run_worker`, `python -m app worker`).
 
-    - A job is claimed with one script instead of arq's four-step optimistic transaction.
+    - Due jobs are claimed in one script per batch (as many as there are free slots) instead of
+      arq's four-step optimistic transaction per job.
+    - While idle it blocks in Redis on the queue's wake list instead of polling (push wake-up,
+      docs/performance.md), bounded by the next deferred job, retry or cron tick.
     - The START transition rides on arq's pickup transaction, and the outcome on arq's finish
       transaction: no window in which arq has forgotten a job whose state is not terminal.
     - Jobs that arq drops before running them (no hook is called) are ended in that same finish.
-    It overrides arq internals (start_jobs, run_job, finish_job, finish_failed_job, the pool
-    property): arq is pinned to 0.28.*, and every worker test runs under both worker kinds.
+    It overrides arq internals (_poll_iteration, run_job, finish_job, finish_failed_job,
+    _release_sem_dec_counter_on_complete, the pool property): arq is pinned to 0.28.*, and every
+    worker test runs under both worker kinds.
     """
 
     def __init__(
@@ -202,7 +189,7 @@ class FastWorker(StoppableWorker):
         # free slot, a wake-up or a poll pause) at its start, so a freed slot is refilled at once.
         self.poll_delay_s = 0.0
         self._max_block_s = max_block_s
-        self._wait: _Wait | None = None
+        self._wait: Wait | None = None
         self._waker: Waker | None = None
         self._slot_freed = asyncio.Event()
 
@@ -219,7 +206,7 @@ class FastWorker(StoppableWorker):
             free = min(free, self.max_burst_jobs - self._jobs_started())
             if free < 1:
                 return
-        self._wait = await self._claim(free) if self.allow_pick_jobs else _Wait(_Idle.STOP)
+        self._wait = await self._claim(free) if self.allow_pick_jobs else Wait(Idle.STOP)
         if self.allow_abort_jobs:
             await self._cancel_aborted_jobs()
         for job_id, task in list(self.tasks.items()):
@@ -227,10 +214,10 @@ class FastWorker(StoppableWorker):
                 del self.tasks[job_id]
                 task.result()  # arq's way of letting an error in run_job end the loop
 
-    async def _claim(self, free: int) -> _Wait | None:
+    async def _claim(self, free: int) -> Wait | None:
         """Claim up to `free` due jobs in one call and start them; say what to wait for next."""
         if free < 1:
-            return _Wait(_Idle.SLOT)
+            return Wait(Idle.SLOT)
         ttl_ms = int(self.in_progress_timeout_s * 1000)
         call = _CLAIM_BATCH(
             [self.queue_name, self._names.wake_key],
@@ -246,26 +233,26 @@ class FastWorker(StoppableWorker):
             self.tasks[job_id] = task
         next_ms = int(reply[0])
         if self.job_counter >= self.max_jobs:
-            return _Wait(_Idle.SLOT)
+            return Wait(Idle.SLOT)
         if next_ms == _MORE_DUE:
             return None
         if next_ms == _READ_LIMIT_FULL:
-            return _Wait(_Idle.POLL)
-        return _Wait(_Idle.WORK, next_ms or None)
+            return Wait(Idle.POLL)
+        return Wait(Idle.WORK, next_ms or None)
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()
         self._slot_freed.set()
 
-    async def _wait_for_work(self, wait: _Wait) -> None:
+    async def _wait_for_work(self, wait: Wait) -> None:
         timeout_s, on_time = self._wait_bound_s(wait)
         if timeout_s <= 0:
             return
-        if wait.kind is _Idle.POLL:
+        if wait.kind is Idle.POLL:
             await asyncio.sleep(min(self._poll_pause_s, timeout_s))
-        elif wait.kind is _Idle.STOP:
+        elif wait.kind is Idle.STOP:
             await asyncio.sleep(timeout_s)
-        elif wait.kind is _Idle.SLOT:
+        elif wait.kind is Idle.SLOT:
             self._slot_freed.clear()
             if self.job_counter >= self.max_jobs:
                 with contextlib.suppress(TimeoutError):
@@ -277,7 +264,7 @@ class FastWorker(StoppableWorker):
                 self._waker = Waker(cast(ArqRedis, self._pool), self._names.wake_key)
             await self._waker.wait(timeout_s, on_time=on_time)
 
-    def _wait_bound_s(self, wait: _Wait) -> tuple[float, bool]:
+    def _wait_bound_s(self, wait: Wait) -> tuple[float, bool]:
         """How long the worker may wait, and whether that bound is a time something is due (a
         deferred job, a cron tick, the health record) rather than the plain cap."""
         now_s = time.time()
