@@ -26,9 +26,10 @@ while i < #due and claimed < wanted do
 end
 if claimed == wanted then
   if i < #due then
-    -- More may be due than this worker takes: wake another idle worker to share them.
+    -- More may be due than this worker takes: wake another idle worker to share them (unless a
+    -- token already waits: then no worker is idle, or one is about to wake).
     reply[1] = -1
-    engine_wake(queue)
+    if redis.call('LLEN', wake) == 0 then engine_wake(queue) end
   end
   return reply
 end
