@@ -51,7 +51,7 @@ from redis.asyncio import Redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agent_async import Agent, AgentSettings, ClientAgent, Job, JobRequest, agent_job  # noqa: E402
+from agent_async import Agent, AgentSettings, ClientAgent, Job, JobRequest, agent_job
 
 COUNTER = "bench:count"
 PROBE = "bench:probe"
