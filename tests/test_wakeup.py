@@ -17,6 +17,7 @@ import pytest
 from redis.asyncio import Redis
 
 from agent_async import Agent, AgentSettings, ClientAgent, JobStatus
+from agent_async.engine.wire import WAKE_CAP, WAKE_TTL_MS
 from agent_async.schedules.overrides import ScheduleOverrides
 from agent_async.storage import upgrade_async
 from tests.conftest import running_worker, wait_for_status
@@ -65,6 +66,28 @@ async def test_idle_worker_starts_a_job_well_under_poll_delay(agent: Agent, clie
             waits_s.append((state.started_ms - state.created_ms) / 1000)
             await asyncio.sleep(0.05)
     assert max(waits_s) < STARTED_WITHIN_S, waits_s
+
+
+async def test_the_wake_list_is_capped_expires_and_is_dropped_once_stale(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """One token per job queued, at most WAKE_CAP of them, with an expiry: it cannot grow while no
+    worker reads it. A worker that finds nothing left to claim drops the stale tokens."""
+    key = agent.engine.names.wake_key
+    results = await client.enqueue_many([Echo(text=str(i)) for i in range(WAKE_CAP + 10)])
+    assert await redis.llen(key) == WAKE_CAP
+    assert 0 < await redis.pttl(key) <= WAKE_TTL_MS
+    async with running_worker(agent, poll_delay=POLL_DELAY_S):
+        for result in results:
+            await wait_for_status(agent, result.job_id or "", JobStatus.SUCCESS)
+
+        async def dropped() -> bool:
+            return not await redis.exists(key)
+
+        await until(dropped, 5, "stale wake-up tokens dropped")
+        # Idle and blocked now: one more job is one more token, taken at once.
+        job_id = await client.enqueue(Echo(text="last"))
+        await wait_for_status(agent, job_id, JobStatus.SUCCESS, timeout_s=STARTED_WITHIN_S * 5)
 
 
 async def test_without_push_the_worker_polls(settings: AgentSettings, redis: Redis, job_registry: object) -> None:
