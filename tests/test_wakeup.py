@@ -212,7 +212,7 @@ async def test_sigterm_while_blocked_exits_promptly(
     proc = start_worker(namespace, private_redis.url, log)
     async with Agent(AgentSettings(redis_url=private_redis.url, namespace=namespace)) as agent:
         await wait_until_serving(ClientAgent(agent), agent)
-    await asyncio.sleep(0.5)  # idle, blocked in Redis
+    await asyncio.sleep(0.5)  # idle, blocked in Redis, the job run before it ended
     started = time.monotonic()
     proc.send_signal(signal.SIGTERM)
     code = proc.wait(timeout=15)
@@ -220,7 +220,8 @@ async def test_sigterm_while_blocked_exits_promptly(
     text = log.read_text()
     assert code == 0, text
     assert "Traceback" not in text, text
-    assert took_s < 3.0, f"exited {took_s:.2f}s after SIGTERM"
+    # Far below the drain time (2 s): nothing runs, so nothing is waited for.
+    assert took_s < 1.5, f"exited {took_s:.2f}s after SIGTERM"
 
 
 @pytest.mark.slow
