@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from agent_async.agent import Agent
@@ -15,6 +17,7 @@ from agent_async.lifecycle import JobStatus
 from agent_async.request import JobRequest
 from agent_async.schedules.scheduler import Scheduler
 from agent_async.state import JobState
+from agent_async.store.batch import run_scripts
 from agent_async.store.events import JobEvent
 from agent_async.store.listing import JobListing, JobPage
 from agent_async.store.workers import WorkerDirectory, WorkerInfo
@@ -22,9 +25,26 @@ from agent_async.store.workers import WorkerDirectory, WorkerInfo
 if TYPE_CHECKING:
     from agent_async.storage import ClientStorage
 
-__all__ = ["ClientAgent"]
+__all__ = ["ClientAgent", "EnqueueResult"]
 
 logger = logging.getLogger(__name__)
+
+# enqueue_many sends at most this many jobs per round trip: one MULTI/EXEC runs as a whole, and a
+# huge one would hold Redis (and every other client) for as long as it runs.
+_ENQUEUE_BATCH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    """One request of `enqueue_many`: queued under `job_id`, or refused with `code` and why."""
+
+    job_id: str | None
+    code: RequestCode | None = None
+    reason: str = ""
+
+    @property
+    def accepted(self) -> bool:
+        return self.job_id is not None
 
 
 class ClientAgent:
@@ -49,6 +69,50 @@ class ClientAgent:
         """
         state = await self.agent.create_job(request, user_uid=user_uid, defer_s=defer_s)
         return state.job_id
+
+    async def enqueue_many(
+        self, requests: Sequence[JobRequest], user_uid: str | None = None, *, defer_s: float = 0.0
+    ) -> list[EnqueueResult]:
+        """Queue many jobs in one round trip per 500; one result per request, in order.
+
+        Each job is queued exactly as `enqueue` would (its own gate check, all or nothing for that
+        job): a refusal (RequestRefusedError's codes: concurrency limit, payload not JSON) is its
+        result, not an exception. QueueUnavailableError when Redis is down (then no job of the
+        current round trip was queued; earlier ones were); EnqueueError when Redis refuses.
+        """
+        results: list[EnqueueResult] = [EnqueueResult(None)] * len(requests)
+        for start in range(0, len(requests), _ENQUEUE_BATCH):
+            await self._enqueue_batch(requests, range(start, min(start + _ENQUEUE_BATCH, len(requests))),
+                                      user_uid, defer_s, results)
+        return results
+
+    async def _enqueue_batch(
+        self, requests: Sequence[JobRequest], indexes: range, user_uid: str | None, defer_s: float,
+        results: list[EnqueueResult],
+    ) -> None:
+        prepared = []
+        for i in indexes:
+            request = requests[i]
+            try:
+                state = JobState(job_id=uuid.uuid4().hex, name=request.name, user_uid=user_uid,
+                                 payload=request.payload())
+                gate = self.agent._gate_claim(type(request), user_uid)
+                call = self._jobs.create_call(
+                    state, gate=gate, engine=self.agent.engine.job(state, defer_s), resume=request.resume,
+                    max_try=request.max_try, owned_blobs=request.owned_blob_refs(),
+                )
+            except RequestRefusedError as exc:
+                results[i] = EnqueueResult(None, exc.code, str(exc))
+                continue
+            prepared.append((i, state, gate, call))
+        replies = await run_scripts(self._jobs.redis, [call for *_, call in prepared]) if prepared else []
+        for (i, state, gate, _), reply in zip(prepared, replies, strict=True):
+            try:
+                self._jobs.check_created(state, gate, reply)
+            except RequestRefusedError as exc:
+                results[i] = EnqueueResult(None, exc.code, str(exc))
+            else:
+                results[i] = EnqueueResult(state.job_id)
 
     async def enqueue_named(
         self, name: str, payload: dict[str, Any], user_uid: str | None = None, *, defer_s: float = 0.0

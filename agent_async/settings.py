@@ -81,6 +81,12 @@ class AgentSettings:
     run_stale_after_s: float = 2700.0
     # How log lines are rendered (agent_async.logs): `console` for people, `json` for collectors.
     log_format: LogFormat = LogFormat.CONSOLE
+    # Push wake-up (fast worker only; arq's stock Worker keeps polling every poll_delay): an idle
+    # worker blocks in Redis until a job is queued, instead of polling. Off: the fast worker polls.
+    worker_push_wakeup: bool = True
+    # Longest such block: the pause after which an idle worker looks at the queue anyway (a job
+    # that arq itself gives back when its in-progress key expires signals nobody).
+    worker_max_block_s: float = 5.0
 
     ENV = {
         "redis_url": "AGENT_REDIS_URL",
@@ -107,6 +113,8 @@ class AgentSettings:
         "large_store_max_age_s": "AGENT_LARGE_STORE_MAX_AGE_SECONDS",
         "run_stale_after_s": "AGENT_RUN_STALE_SECONDS",
         "log_format": "AGENT_LOG_FORMAT",
+        "worker_push_wakeup": "AGENT_WORKER_PUSH_WAKEUP",
+        "worker_max_block_s": "AGENT_WORKER_MAX_BLOCK_SECONDS",
     }
 
     def __post_init__(self) -> None:
@@ -137,6 +145,7 @@ class AgentSettings:
         self._check(self.run_stale_after_s > 0, "run_stale_after_s", "must be > 0")
         self._check(isinstance(self.log_format, LogFormat), "log_format",
                     f"expected a LogFormat member ({_choices(LogFormat)})")
+        self._check(0.01 <= self.worker_max_block_s <= 300, "worker_max_block_s", "must be between 0.01 and 300")
 
     def _check(self, ok: bool, name: str, why: str) -> None:
         if not ok:

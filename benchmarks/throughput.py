@@ -173,14 +173,18 @@ async def agent_side(
     async with Agent(AgentSettings(redis_url=redis_url, namespace=ns)) as agent:
         client = ClientAgent(agent)
         before = await commands_processed(redis)
+        t0 = time.perf_counter()
         for start in range(0, n, 200):
             await asyncio.gather(*(client.enqueue(Noop(), "bench") for _ in range(start, min(n, start + 200))))
+        enqueue_per_s = n / (time.perf_counter() - t0)
         enqueue_cmds = await commands_processed(redis) - before
         per_job_s, run_cmds = await drain(kind, ns, redis_url, redis)
         states = await agent.job_store.list_for_user("bench", limit=n)
         succeeded = sum(1 for s in states if s.status == "SUCCESS")
-        figures = {"jobs_per_s": 1 / per_job_s, "succeeded": succeeded,
+        figures = {"jobs_per_s": 1 / per_job_s, "succeeded": succeeded, "enqueue_per_s": enqueue_per_s,
                    "enqueue_cmds_per_job": enqueue_cmds / n, "run_cmds_per_job": run_cmds / n}
+        if kind == "agent":
+            figures["enqueue_many_per_s"] = await enqueue_many_rate(n, redis_url, redis)
         if latency:
             # Enqueue latency, gate on: one call at a time.
             samples = []
@@ -195,6 +199,22 @@ async def agent_side(
             )
     await clean(redis, ns)
     return figures
+
+
+async def enqueue_many_rate(n: int, redis_url: str, redis: Redis) -> float:
+    """Jobs/s queued by one producer through ClientAgent.enqueue_many, 500 per call (its batch)."""
+    ns = f"bench-many-{uuid.uuid4().hex[:8]}"
+    async with Agent(AgentSettings(redis_url=redis_url, namespace=ns)) as agent:
+        client = ClientAgent(agent)
+        await client.enqueue_many([Noop()], "bench")  # loads the script: not part of the rate
+        t0 = time.perf_counter()
+        for start in range(0, n, 500):
+            results = await client.enqueue_many([Noop() for _ in range(start, min(n, start + 500))], "bench")
+            if not all(r.accepted for r in results):
+                raise RuntimeError("enqueue_many refused a job")
+        rate = n / (time.perf_counter() - t0)
+    await clean(redis, ns)
+    return rate
 
 
 async def clean(redis: Redis, namespace: str) -> None:
@@ -274,6 +294,9 @@ async def main(args: argparse.Namespace) -> None:
         "arq_start_latency_p50_ms": r2(arq_figures["start_latency_p50_ms"]),
         "arq_cmds_per_job": r2(arq_figures["enqueue_cmds_per_job"] + arq_figures["run_cmds_per_job"]),
         "agent_cmds_per_job": r2(agent_figures["enqueue_cmds_per_job"] + agent_figures["run_cmds_per_job"]),
+        # One producer: enqueue() 200 at a time with asyncio.gather, then enqueue_many() 500 per call.
+        "enqueue_per_s": round(statistics.median(r[1]["enqueue_per_s"] for r in rounds)),
+        "enqueue_many_per_s": round(statistics.median(r[1]["enqueue_many_per_s"] for r in rounds)),
         "poll_delay_s": BASE.poll_delay_s,
     }))
 

@@ -29,7 +29,13 @@ from agent_async.engine.wire import (
     wire_dumps,
     wire_loads,
 )
-from agent_async.engine.worker import FastWorker, StoppableWorker, run_stopping_on_signal, run_surviving_redis
+from agent_async.engine.worker import (
+    ENGINE_LUA,
+    FastWorker,
+    StoppableWorker,
+    run_stopping_on_signal,
+    run_surviving_redis,
+)
 from agent_async.errors import ConfigurationError
 from agent_async.lifecycle import attempt_budget_s, now_ms
 from agent_async.outage import RedisOutage
@@ -41,7 +47,7 @@ from agent_async.store import EngineJob, EngineRef, JobStore, LuaScript, lua_sou
 __all__ = ["STORE_LUA", "Dropped", "Engine", "EngineView", "JobHandler", "QueueStats", "ScheduleTicker"]
 
 # The engine's Lua library, loaded in front of every store script (see store/jobs.py).
-STORE_LUA = lua_source("agent_async.engine", "queue.lua")
+STORE_LUA = ENGINE_LUA
 
 # arq counts pickups (shutdown requeues, redeliveries) as tries; our attempts are counted in the
 # JobState. arq's own limit is set this far above max_try so it only acts as a last resort.
@@ -185,7 +191,10 @@ class Engine:
             finally:
                 await stock.close()
             return
-        worker = FastWorker(hooks=hooks, names=self.names, **kwargs)
+        worker = FastWorker(
+            hooks=hooks, names=self.names, push_wakeup=self._settings.worker_push_wakeup,
+            max_block_s=self._settings.worker_max_block_s, **kwargs,
+        )
         try:
             await run_surviving_redis(worker, self._outage)
         finally:

@@ -10,13 +10,24 @@ from arq.jobs import serialize_job
 
 from agent_async.store import EngineRef, codec
 
-__all__ = ["Dropped", "EngineNames", "dropped_from_result", "serialize", "wire_dumps", "wire_loads"]
+__all__ = [
+    "WAKE_CAP", "WAKE_SUFFIX", "WAKE_TTL_MS", "Dropped", "EngineNames", "dropped_from_result", "serialize",
+    "wire_dumps", "wire_loads",
+]
 
 # arq's in-progress key lives this long past its longest function timeout (arq/worker.py:
 # `in_progress_timeout_s = (max_timeout or 0) + 10`; arq does not export the 10).
 IN_PROGRESS_EXTRA_S = 10
 # How long arq keeps a queued job's key past its run time, unless told otherwise.
 JOB_TTL_EXTRA_MS: int = expires_extra_ms
+
+# Push wake-up (engine/wakeup.py): each job made runnable drops one token in the queue's wake list,
+# which idle fast workers block on. Busy workers do not read it, so it is capped (a worker going
+# idle would otherwise churn through stale tokens) and expires (no worker at all reads it).
+WAKE_CAP = 16
+WAKE_TTL_MS = 60_000
+# The Lua spelling of `EngineNames.wake_key` (queue.lua derives the key from the queue's name).
+WAKE_SUFFIX = ":wake"
 
 
 def wire_dumps(value: Any) -> bytes:
@@ -47,6 +58,11 @@ class EngineNames:
     @property
     def queue(self) -> str:
         return f"{self.namespace}:queue"
+
+    @property
+    def wake_key(self) -> str:
+        """The list idle fast workers block on: one token per job made runnable (queue.lua)."""
+        return self.queue + WAKE_SUFFIX
 
     def engine_job_id(self, job_id: str) -> str:
         return f"{self.namespace}:{job_id}"

@@ -1,4 +1,5 @@
-"""The fast worker: arq's Worker with fewer round trips per job, and a loop that survives Redis errors."""
+"""The fast worker: arq's Worker with batch claims, push wake-up, fewer round trips per job, and a
+loop that survives Redis errors."""
 
 from __future__ import annotations
 
@@ -13,12 +14,14 @@ from signal import Signals
 from typing import Any, cast
 
 from arq.connections import ArqRedis
+from arq.constants import in_progress_key_prefix
 from arq.worker import Worker
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError, RedisError
 
 from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_PIGGYBACK, Hooks, Piggyback
-from agent_async.engine.wire import EngineNames
+from agent_async.engine.wakeup import Idle, Wait, Waker, queue_wake
+from agent_async.engine.wire import WAKE_CAP, WAKE_SUFFIX, WAKE_TTL_MS, EngineNames
 from agent_async.lifecycle import now_ms
 from agent_async.outage import OUTAGE_ERRORS, RedisOutage
 from agent_async.store import LuaScript, ScriptCall, lua_source, run_script
@@ -32,22 +35,41 @@ logger = logging.getLogger(__name__)
 _REDIS_RETRY_MIN_S = 0.5
 _REDIS_RETRY_MAX_S = 2.0
 
-_CLAIM = LuaScript(lua_source("agent_async.engine", "claim.lua"))
+# The engine's Lua library (queue.lua), its constants filled in from wire.py.
+ENGINE_LUA = lua_source(
+    "agent_async.engine", "queue.lua",
+    {"@WAKE_CAP@": str(WAKE_CAP), "@WAKE_TTL_MS@": str(WAKE_TTL_MS), "@WAKE_SUFFIX@": WAKE_SUFFIX},
+)
+_CLAIM_BATCH = LuaScript(ENGINE_LUA + "\n" + lua_source("agent_async.engine", "claim_batch.lua"), packed=True)
+# claim_batch.lua's first reply element, when it is not the score of the next deferred job.
+_MORE_DUE = -1
+_READ_LIMIT_FULL = -2
+# A cron tick is enqueued by arq's heart_beat this long before it is due (arq's run_cron window:
+# 2 x max(poll_delay, 0.5 s)); an idle worker wakes this much after the window opens, since arq's
+# test is strict (`next_run < now + window`).
+_CRON_WAKE_MARGIN_S = 0.01
 
-# The script to prepend to arq's finish transaction, set only while that finish runs.
+# The script to prepend to arq's finish transaction, set only while that finish runs, and whether
+# that finish queues the job again (a retry, a shutdown hand-back): then it also wakes a worker.
 _FINISH_SCRIPT: ContextVar[ScriptCall | None] = ContextVar("agent_async_finish_script", default=None)
+_FINISH_WAKE: ContextVar[str | None] = ContextVar("agent_async_finish_wake", default=None)
 
 
 class _PoolWithScript:
-    """arq's pool, except that each transactional pipeline starts with one of our scripts."""
+    """arq's pool, except that each transactional pipeline starts with one of our scripts (and,
+    for a finish that queues the job again, a wake-up token)."""
 
-    def __init__(self, pool: ArqRedis, call: ScriptCall) -> None:
+    def __init__(self, pool: ArqRedis, call: ScriptCall | None, wake_key: str | None = None) -> None:
         self._pool = pool
         self._call = call
+        self._wake_key = wake_key
 
     def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
         pipe = self._pool.pipeline(transaction=transaction, shard_hint=shard_hint)
-        self._call.queue_on(pipe)
+        if self._call is not None:
+            self._call.queue_on(pipe)
+        if self._wake_key is not None:
+            queue_wake(pipe, self._wake_key)
         return pipe
 
     def __getattr__(self, name: str) -> Any:
@@ -141,44 +163,136 @@ async def run_stopping_on_signal(worker: StoppableWorker) -> None:
 class FastWorker(StoppableWorker):
     """arq's Worker with fewer round trips per job (`Agent.run_worker`, `python -m app worker`).
 
-    - A job is claimed with one script instead of arq's four-step optimistic transaction.
+    - Due jobs are claimed in one script per batch (as many as there are free slots) instead of
+      arq's four-step optimistic transaction per job.
+    - While idle it blocks in Redis on the queue's wake list instead of polling (push wake-up,
+      docs/performance.md), bounded by the next deferred job, retry or cron tick.
     - The START transition rides on arq's pickup transaction, and the outcome on arq's finish
       transaction: no window in which arq has forgotten a job whose state is not terminal.
     - Jobs that arq drops before running them (no hook is called) are ended in that same finish.
-    It overrides arq internals (start_jobs, run_job, finish_job, finish_failed_job, the pool
-    property): arq is pinned to 0.28.*, and every worker test runs under both worker kinds.
+    It overrides arq internals (_poll_iteration, run_job, finish_job, finish_failed_job,
+    _release_sem_dec_counter_on_complete, _sleep_until_tasks_complete, the pool property): arq is
+    pinned to 0.28.*, and every worker test runs under both worker kinds.
     """
 
-    def __init__(self, *, hooks: Hooks, names: EngineNames, **kwargs: Any) -> None:
+    def __init__(
+        self, *, hooks: Hooks, names: EngineNames, push_wakeup: bool = True, max_block_s: float = 5.0, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self._hooks = hooks
         self._names = names
         self.ctx[CTX_COMMIT_IN_FINISH] = True
+        # Burst runs (tests, `drain`) end when the queue is empty: they poll, as arq does.
+        self._push = push_wakeup and not self.burst
+        self._poll_pause_s = self.poll_delay_s
+        # arq's loop only yields between iterations: each iteration waits for what it needs (a
+        # free slot, a wake-up or a poll pause) at its start, so a freed slot is refilled at once.
+        self.poll_delay_s = 0.0
+        self._max_block_s = max_block_s
+        self._wait: Wait | None = None
+        self._waker: Waker | None = None
+        self._slot_freed = asyncio.Event()
 
-    async def start_jobs(self, job_ids: list[bytes]) -> None:
-        """Claim and start each due job (arq's start_jobs, with the claim as one script)."""
-        ttl_ms = int(self.in_progress_timeout_s * 1000)
-        for raw_id in job_ids:
-            await self.sem.acquire()
-            if self.job_counter >= self.max_jobs:
-                self.sem.release()
+    async def _poll_iteration(self) -> None:
+        """arq's iteration, with the claims as one script per batch and, with push wake-up, the
+        wait for work at its start (arq sleeps poll_delay between iterations instead)."""
+        wait, self._wait = self._wait, None
+        if wait is not None:
+            await self._wait_for_work(wait)
+        # Before the claim: a cron tick enqueued now counts in the claim's next-deferred time.
+        await self.heart_beat()
+        free = self.max_jobs - self.job_counter
+        if self.burst and self.max_burst_jobs >= 0:
+            free = min(free, self.max_burst_jobs - self._jobs_started())
+            if free < 1:
                 return
+        self._wait = await self._claim(free) if self.allow_pick_jobs else Wait(Idle.STOP)
+        if self.allow_abort_jobs:
+            await self._cancel_aborted_jobs()
+        for job_id, task in list(self.tasks.items()):
+            if task.done():
+                del self.tasks[job_id]
+                task.result()  # arq's way of letting an error in run_job end the loop
+
+    async def _claim(self, free: int) -> Wait | None:
+        """Claim up to `free` due jobs in one call and start them; say what to wait for next."""
+        if free < 1:
+            return Wait(Idle.SLOT)
+        ttl_ms = int(self.in_progress_timeout_s * 1000)
+        call = _CLAIM_BATCH(
+            [self.queue_name, self._names.wake_key],
+            [now_ms(), ttl_ms, in_progress_key_prefix, free, self.queue_read_limit],
+        )
+        reply = await run_script(self.pool, call)
+        for i in range(1, len(reply), 2):
+            await self.sem.acquire()  # never waits: at most `free` jobs were claimed
             self.job_counter += 1
-            job_id = raw_id.decode()
-            try:
-                claim = _CLAIM([self._names.in_progress_key(job_id), self.queue_name], [now_ms(), ttl_ms, job_id])
-                score = await run_script(self.pool, claim)
-            except BaseException:
-                # arq's own claim leaks the slot here; ours gives it back on any error.
-                self._release_sem_dec_counter_on_complete()
-                raise
-            if score is None:
-                # Started elsewhere, finished, or re-queued later by another worker.
-                self._release_sem_dec_counter_on_complete()
-                continue
-            task = self.loop.create_task(self.run_job(job_id, int(float(score))))
+            job_id = reply[i].decode()
+            task = self.loop.create_task(self.run_job(job_id, int(float(reply[i + 1]))))
             task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
             self.tasks[job_id] = task
+        next_ms = int(reply[0])
+        if self.job_counter >= self.max_jobs:
+            return Wait(Idle.SLOT)
+        if next_ms == _MORE_DUE:
+            return None
+        if next_ms == _READ_LIMIT_FULL:
+            return Wait(Idle.POLL)
+        return Wait(Idle.WORK, next_ms or None)
+
+    def _release_sem_dec_counter_on_complete(self) -> None:
+        super()._release_sem_dec_counter_on_complete()
+        self._slot_freed.set()
+
+    async def _sleep_until_tasks_complete(self) -> None:
+        # arq's SIGTERM drain waits while self.tasks is not empty, and finished tasks leave it only
+        # at the next iteration: a worker blocked in Redis would sit out the whole drain time.
+        # (A claim already in flight at the signal may add one more: hence the loop.)
+        while pending := [task for task in self.tasks.values() if not task.done()]:
+            await asyncio.wait(pending)
+
+    async def _wait_for_work(self, wait: Wait) -> None:
+        timeout_s, on_time = self._wait_bound_s(wait)
+        if timeout_s <= 0:
+            return
+        if wait.kind is Idle.POLL:
+            await asyncio.sleep(min(self._poll_pause_s, timeout_s))
+        elif wait.kind is Idle.STOP:
+            await asyncio.sleep(timeout_s)
+        elif wait.kind is Idle.SLOT:
+            self._slot_freed.clear()
+            if self.job_counter >= self.max_jobs:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._slot_freed.wait(), timeout_s)
+        elif not self._push:
+            await asyncio.sleep(min(self._poll_pause_s, timeout_s))
+        else:
+            if self._waker is None:
+                self._waker = Waker(cast(ArqRedis, self._pool), self._names.wake_key)
+            await self._waker.wait(timeout_s, on_time=on_time)
+
+    def _wait_bound_s(self, wait: Wait) -> tuple[float, bool]:
+        """How long the worker may wait, and whether that bound is a time something is due (a
+        deferred job, a cron tick, the health record) rather than the plain cap."""
+        now_s = time.time()
+        due_s = []
+        if wait.until_ms is not None:
+            due_s.append(wait.until_ms / 1000 - now_s)
+        window_s = 2 * max(self.poll_delay_s, 0.5)
+        due_s.extend(
+            job.next_run.timestamp() - now_s - window_s + _CRON_WAKE_MARGIN_S
+            for job in self.cron_jobs if job.next_run is not None
+        )
+        due_s.append(self._last_health_check + self.health_check_interval - now_s)
+        soonest_s = min(due_s)
+        if soonest_s < self._max_block_s:
+            return soonest_s, True
+        return self._max_block_s, False
+
+    async def close(self) -> None:
+        if self._waker is not None:
+            await self._waker.close()
+        await super().close()
 
     @property
     def pool(self) -> ArqRedis:
@@ -186,8 +300,10 @@ class FastWorker(StoppableWorker):
         start = START_PIGGYBACK.get()
         if start is not None and not start.sent:
             return cast(ArqRedis, _PoolWithStart(base, start))
-        call = _FINISH_SCRIPT.get()
-        return cast(ArqRedis, _PoolWithScript(base, call)) if call is not None else base
+        call, wake_key = _FINISH_SCRIPT.get(), _FINISH_WAKE.get()
+        if call is None and wake_key is None:
+            return base
+        return cast(ArqRedis, _PoolWithScript(base, call, wake_key))
 
     async def run_job(self, job_id: str, score: int) -> None:
         # The start transition rides on arq's first transaction of the run (GET job, INCR
@@ -207,7 +323,15 @@ class FastWorker(StoppableWorker):
 
     async def finish_job(self, job_id: str, *args: Any) -> None:
         call = self._hooks.take_commit(job_id)
-        await self._finish_with(job_id, call, lambda: super(FastWorker, self).finish_job(job_id, *args))
+        # arq's finish_job(job_id, finish, result_data, result_timeout_s, keep_result_forever,
+        # incr_score, keep_in_progress): an incr_score queues the job again, maybe for an idle
+        # worker blocked since before (its wait ends at the time it knew of).
+        requeued = len(args) > 4 and args[4] is not None
+        token = _FINISH_WAKE.set(self._names.wake_key if requeued else None)
+        try:
+            await self._finish_with(job_id, call, lambda: super(FastWorker, self).finish_job(job_id, *args))
+        finally:
+            _FINISH_WAKE.reset(token)
 
     async def finish_failed_job(self, job_id: str, result_data: bytes | None) -> None:
         call = self._hooks.dropped_call(job_id, result_data)

@@ -163,6 +163,21 @@ class JobStore:
         Raises RequestRefusedError(JOB_CONCURRENT_LIMIT) when the gate is full, DuplicateJobError
         when the id exists, EnqueueError when Redis refuses (nothing is written in any case).
         """
+        call = self.create_call(state, gate=gate, engine=engine, resume=resume, max_try=max_try,
+                                owned_blobs=owned_blobs)
+        try:
+            outcome = await run_script(self.redis, call)
+        except (RedisConnectionError, TimeoutError) as exc:
+            raise QueueUnavailableError(f"could not enqueue {state.name}: Redis is unreachable ({exc})") from exc
+        except RedisError as exc:
+            raise EnqueueError(f"could not enqueue {state.name}: {exc}") from exc
+        self.check_created(state, gate, outcome)
+
+    def create_call(
+        self, state: JobState, *, gate: GateClaim | None, engine: EngineJob, resume: bool = False, max_try: int = 1,
+        owned_blobs: list[str] | None = None,
+    ) -> ScriptCall:
+        """The enqueue script for one state, built to be sent later (`create`, `create_many`)."""
         k = self.keys
         now = state.created_ms
         flat: list[str | bytes | int] = []
@@ -186,12 +201,10 @@ class JobStore:
             k.owned_blobs if owned_blobs else "",
             k.all_index,
         ]
-        try:
-            outcome = await run_script(self.redis, self._enqueue(keys, args))
-        except (RedisConnectionError, TimeoutError) as exc:
-            raise QueueUnavailableError(f"could not enqueue {state.name}: Redis is unreachable ({exc})") from exc
-        except RedisError as exc:
-            raise EnqueueError(f"could not enqueue {state.name}: {exc}") from exc
+        return self._enqueue(keys, args)
+
+    def check_created(self, state: JobState, gate: GateClaim | None, outcome: Any) -> None:
+        """Turn the enqueue script's reply into the exception `create` documents (none if queued)."""
         if outcome == 0:
             scope = state.user_uid or "the system"
             raise RequestRefusedError(

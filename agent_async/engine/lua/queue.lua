@@ -2,6 +2,19 @@
 -- dropped. Loaded in front of every store script, so the store's Lua never names arq's layout.
 -- arq's data model: the job is a string key holding the serialized job with a TTL, the queue is
 -- a zset of engine job ids scored by the run time in ms, a claim is the in-progress key.
+-- @NAME@ placeholders are filled in from agent_async.engine.wire when the file is loaded.
+
+local WAKE_CAP = @WAKE_CAP@
+local WAKE_TTL_MS = @WAKE_TTL_MS@
+
+-- Push wake-up: one token per job made runnable (due now or deferred: a deferred one may be due
+-- sooner than an idle worker's wait), so one job wakes at most one idle fast worker (BLPOP serves
+-- one client per token). Capped and expiring: busy workers poll and never read it.
+local function engine_wake(queue)
+  local wake = queue .. '@WAKE_SUFFIX@'
+  local n = redis.call('LPUSH', wake, '1')
+  if n == 1 then redis.call('PEXPIRE', wake, WAKE_TTL_MS) elseif n > WAKE_CAP then redis.call('RPOP', wake) end
+end
 
 local function engine_has(job_key)
   return redis.call('EXISTS', job_key) == 1
@@ -10,6 +23,7 @@ end
 local function engine_queue(queue, job_key, engine_id, job_bytes, score_ms, ttl_ms)
   redis.call('PSETEX', job_key, tonumber(ttl_ms), job_bytes)
   redis.call('ZADD', queue, tonumber(score_ms), engine_id)
+  engine_wake(queue)
 end
 
 -- Queue again a job whose worker was lost. arq skips a job whose in-progress key exists: a dead
@@ -18,6 +32,7 @@ local function engine_requeue(queue, job_key, claim_key, engine_id, job_bytes, s
   if redis.call('EXISTS', job_key) == 0 then redis.call('PSETEX', job_key, tonumber(ttl_ms), job_bytes) end
   redis.call('ZADD', queue, tonumber(score_ms), engine_id)
   redis.call('DEL', claim_key)
+  engine_wake(queue)
 end
 
 local function engine_drop(queue, job_key, claim_key, engine_id)

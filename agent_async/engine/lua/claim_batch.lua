@@ -1,0 +1,45 @@
+-- claim_batch: claim up to N due jobs in one call (arq's claim of each: not in progress, due, then
+-- marked in progress; arq spends four round trips per job on it), and tell the worker how long it
+-- may wait when it found fewer. Loaded after queue.lua.
+-- KEYS: queue, wake list
+-- ARGV: now ms, in-progress ttl ms, in-progress key prefix, jobs wanted, read limit
+-- Reply: {next, engine id, score, engine id, score, ...}. next: -1 the batch is full and more due
+--        jobs may wait; -2 the read limit was all jobs claimed elsewhere (poll again soon);
+--        otherwise the score of the next deferred job, 0 if there is none.
+
+local queue, wake = KEYS[1], KEYS[2]
+local now, ttl_ms, prefix = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+local wanted, limit = tonumber(ARGV[4]), tonumber(ARGV[5])
+local due = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
+local reply = {0}
+local claimed = 0
+local i = 1
+while i < #due and claimed < wanted do
+  local claim = prefix .. due[i]
+  if redis.call('EXISTS', claim) == 0 then
+    redis.call('PSETEX', claim, ttl_ms, '1')
+    reply[#reply + 1] = due[i]
+    reply[#reply + 1] = due[i + 1]
+    claimed = claimed + 1
+  end
+  i = i + 2
+end
+if claimed == wanted then
+  if i < #due then
+    -- More may be due than this worker takes: wake another idle worker to share them (unless a
+    -- token already waits: then no worker is idle, or one is about to wake).
+    reply[1] = -1
+    if redis.call('LLEN', wake) == 0 then engine_wake(queue) end
+  end
+  return reply
+end
+if #due >= 2 * limit then
+  reply[1] = -2
+  return reply
+end
+-- Nothing more is claimable now: every token in the wake list announced a job that is claimed or
+-- deferred (and this worker waits for the next deferred one itself), so they are all stale.
+redis.call('DEL', wake)
+local next_job = redis.call('ZRANGEBYSCORE', queue, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+if next_job[2] then reply[1] = tonumber(next_job[2]) end
+return reply

@@ -1,0 +1,122 @@
+"""Push wake-up: an idle fast worker blocks in Redis on its queue's wake list instead of polling."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.asyncio.connection import AbstractConnection
+
+from agent_async.engine.wire import WAKE_CAP, WAKE_TTL_MS
+
+__all__ = ["Idle", "Wait", "Waker", "queue_wake"]
+
+logger = logging.getLogger(__name__)
+
+# Redis times out a blocked client only on its own clock tick (hz=10: up to 100 ms late), so a
+# wait that must end on time (a deferred job, a cron tick) is ended by this process instead, with
+# CLIENT UNBLOCK; Redis's own timeout then sits this far later, as a backstop only.
+_BACKSTOP_S = 0.5
+
+
+class Idle(Enum):
+    """What the fast worker waits for before its next claim."""
+
+    SLOT = "slot"  # every slot is busy: a running job to end
+    WORK = "work"  # nothing claimable: a wake-up token, or the next deferred job's time
+    POLL = "poll"  # the read limit was full of jobs claimed elsewhere: arq's polling pause
+    STOP = "stop"  # stopping: no more claims, only arq's cancel to come
+
+
+@dataclass(frozen=True, slots=True)
+class Wait:
+    kind: Idle
+    # Wall-clock ms of the next deferred job (WORK), if any.
+    until_ms: int | None = None
+
+
+def queue_wake(pipe: Pipeline, wake_key: str) -> None:
+    """Queue one wake-up token on a pipeline (queue.lua's engine_wake, as plain commands, for
+    arq's finish transaction where an EVALSHA could fail alone with NOSCRIPT)."""
+    pipe.lpush(wake_key, "1")
+    pipe.ltrim(wake_key, 0, WAKE_CAP - 1)
+    pipe.pexpire(wake_key, WAKE_TTL_MS)
+
+
+class Waker:
+    """One dedicated connection blocked in BLPOP on the wake list while the worker is idle.
+
+    Its own connection (taken out of the worker's pool for as long as the worker runs): a blocked
+    connection can carry nothing else. Any error or cancel mid-wait drops it (its reply would
+    otherwise be read as the next command's), and the next wait connects again.
+    """
+
+    def __init__(self, redis: Redis, wake_key: str) -> None:
+        self._redis = redis
+        self._wake_key = wake_key
+        self._conn: AbstractConnection | None = None
+        self._client_id: int | None = None
+        self._unblocks: set[asyncio.Task[Any]] = set()
+
+    async def wait(self, timeout_s: float, *, on_time: bool) -> bool:
+        """Block until a token arrives or `timeout_s` passes; True if woken by a token.
+
+        `on_time`: the wait must not overrun (Redis's own timeout may be 100 ms late).
+        """
+        conn = await self._connection()
+        loop = asyncio.get_running_loop()
+        server_timeout_s = timeout_s + _BACKSTOP_S if on_time else timeout_s
+        timer = loop.call_later(timeout_s, self._unblock) if on_time else None
+        try:
+            await conn.send_command("BLPOP", self._wake_key, f"{max(server_timeout_s, 0.001):.3f}")
+            reply = await conn.read_response()
+        except BaseException:
+            await self._drop()
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+        return reply is not None
+
+    async def close(self) -> None:
+        for task in list(self._unblocks):
+            task.cancel()
+        await self._drop()
+
+    async def _connection(self) -> AbstractConnection:
+        if self._conn is None:
+            self._conn = await self._redis.connection_pool.get_connection()
+        if not self._conn.is_connected or self._client_id is None:
+            await self._conn.connect()
+            await self._conn.send_command("CLIENT", "ID")
+            self._client_id = int(await self._conn.read_response())
+        return self._conn
+
+    def _unblock(self) -> None:
+        client_id = self._client_id
+        if client_id is None:
+            return
+        task = asyncio.ensure_future(self._send_unblock(client_id))
+        self._unblocks.add(task)
+        task.add_done_callback(self._unblocks.discard)
+
+    async def _send_unblock(self, client_id: int) -> None:
+        # If the wait already ended, CLIENT UNBLOCK finds no blocked client and does nothing; if
+        # Redis is unreachable, the backstop timeout ends the wait instead.
+        with contextlib.suppress(Exception):
+            await self._redis.execute_command("CLIENT", "UNBLOCK", client_id)  # type: ignore[no-untyped-call]
+
+    async def _drop(self) -> None:
+        conn, self._conn, self._client_id = self._conn, None, None
+        if conn is None:
+            return
+        with contextlib.suppress(Exception):
+            await conn.disconnect()
+        with contextlib.suppress(Exception):
+            await self._redis.connection_pool.release(conn)
