@@ -23,6 +23,7 @@ from agent_async.lifecycle import (
     now_ms,
 )
 from agent_async.store import CancelReply
+from agent_async.store.scripts import metrics_constants
 from agent_async.worker import JobRecovery
 
 
@@ -190,13 +191,14 @@ def test_lua_constants_match_the_python_rules() -> None:
 
 def test_every_lifecycle_placeholder_in_the_store_scripts_is_provided() -> None:
     """The store's Lua names no status or error kind of its own: the placeholders it uses are
-    exactly what lua_constants() fills in (plus the store's own batch size and event stream)."""
+    exactly what lua_constants() fills in (plus the store's own batch size, event stream and metrics)."""
     used: set[str] = set()
     for entry in resources.files("agent_async.store").joinpath("lua").iterdir():
         if entry.name.endswith(".lua"):
             code = "\n".join(line.split("--", 1)[0] for line in entry.read_text().splitlines())
             used |= set(re.findall(r"@[A-Z_]+@", code))
-    assert used - {"@PRUNE_BATCH@", "@EVENTS@", "@EVENTS_KEPT@"} == set(lua_constants())
+    store_own = {"@PRUNE_BATCH@", "@EVENTS@", "@EVENTS_KEPT@", *metrics_constants("")}
+    assert used - store_own == set(lua_constants())
 
 
 # (resume, attempts, max_try) of a run lost by its worker; attempts >= 1 since it started.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Awaitable
 from dataclasses import dataclass
@@ -22,6 +23,9 @@ from agent_async.store import JobStore
 __all__ = ["FireResult", "ScheduleView", "Scheduler"]
 
 logger = logging.getLogger(__name__)
+
+# Recent skips remembered per schedule (newest first).
+SKIPS_KEPT = 100
 
 
 class FireResult(StrEnum):
@@ -137,7 +141,9 @@ class Scheduler:
         return {name: await self.fire(name, at, replaced_only=True) for name in self.schedules()}
 
     async def skips(self, name: str, *, limit: int = 20) -> list[dict[str, Any]]:
-        return await self._store.skips(name, limit=limit)
+        """The schedule's recent skipped ticks, newest first: {"fire_at", "reason"}."""
+        raw = await self._store.redis.lrange(self._store.keys.schedule_skips(name), 0, limit - 1)  # type: ignore[misc]
+        return [json.loads(item) for item in raw]
 
     async def _enqueue(self, name: str, request_class: type[JobRequest], fire_at: datetime) -> FireResult:
         fire_ms = int(fire_at.timestamp() * 1000)
@@ -159,7 +165,11 @@ class Scheduler:
         return FireResult.ENQUEUED
 
     async def _record_skip(self, name: str, fire_at: datetime, reason: str) -> None:
-        await self._store.record_skip(name, {"fire_at": fire_at.isoformat(), "reason": reason})
+        key = self._store.keys.schedule_skips(name)
+        async with self._store.redis.pipeline(transaction=True) as pipe:
+            pipe.lpush(key, json.dumps({"fire_at": fire_at.isoformat(), "reason": reason}))
+            pipe.ltrim(key, 0, SKIPS_KEPT - 1)
+            await pipe.execute()
 
     async def _overrides(self, *, fresh: bool = False) -> dict[str, ScheduleOverride]:
         try:

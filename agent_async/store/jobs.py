@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -31,8 +30,6 @@ from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_s
 
 __all__ = ["CancelReply", "EngineJob", "EngineRef", "GateClaim", "JobStore"]
 
-# Recent skips remembered per schedule (newest first).
-_SKIPS_KEPT = 100
 
 
 class CancelReply(Enum):
@@ -325,18 +322,6 @@ class JobStore:
     async def release_lock(self, key: str, token: str) -> bool:
         """Release a lock only if it is still ours: a holder that outlived its TTL frees nothing."""
         return bool(await run_script(self.redis, self._release_lock([key], [token])))
-
-    async def record_skip(self, schedule_name: str, entry: dict[str, Any]) -> None:
-        key = self.keys.schedule_skips(schedule_name)
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.lpush(key, json.dumps(entry))
-            pipe.ltrim(key, 0, _SKIPS_KEPT - 1)
-            await pipe.execute()
-
-    async def skips(self, schedule_name: str, *, limit: int = 20) -> list[dict[str, Any]]:
-        key = self.keys.schedule_skips(schedule_name)
-        raw = await self.redis.lrange(key, 0, limit - 1)  # type: ignore[misc]
-        return [json.loads(item) for item in raw]
 
     # -- reads -------------------------------------------------------------------------------
 

@@ -137,7 +137,7 @@ def test_compose_file_declares_the_stack() -> None:
     """compose.yaml parses and has redis, postgres, migrate, api and a scalable worker with health checks."""
     compose = yaml.safe_load((ROOT / "compose.yaml").read_text())
     services = compose["services"]
-    assert set(services) == {"redis", "postgres", "migrate", "api", "worker"}
+    assert set(services) == {"redis", "postgres", "migrate", "api", "worker", "prometheus"}
     for name in ("redis", "postgres", "api", "worker"):
         test = services[name]["healthcheck"]["test"]
         assert test[0] in ("CMD", "CMD-SHELL") and len(test) > 1, name

@@ -56,11 +56,19 @@ async def all_states(agent: Agent, ids: list[str]) -> list[JobState]:
 
 
 async def kill_loop(agent: Agent, ids: list[str], workers: object, rng: random.Random) -> list[float]:
-    """SIGKILL the worker KILLS times at random moments, restarting it each time; returns, per
-    kill, how long until every job it was running had been taken back."""
+    """SIGKILL the worker KILLS times at random moments of its work, restarting it each time;
+    returns, per kill, how long until every job it was running had been taken back."""
+    client = ClientAgent(agent)
+
+    async def registered(pid: int) -> bool:
+        return any(worker.pid == pid for worker in await client.workers())
+
     proc = workers.start()  # type: ignore[attr-defined]
     detections = []
     for _ in range(KILLS):
+        # Killed once it works, not while it imports: a loaded machine can take longer to start
+        # a worker than the pause below, and then no kill would hit a running job.
+        await until(lambda pid=proc.pid: registered(pid), 30, "the worker registered")  # type: ignore[misc]
         await asyncio.sleep(rng.uniform(0.4, 0.9))
         before = {s.job_id: s.attempts for s in await all_states(agent, ids) if s.status is JobStatus.STARTED}
         workers.kill(proc)  # type: ignore[attr-defined]
