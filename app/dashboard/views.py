@@ -8,7 +8,7 @@ import json
 import logging
 import re
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from agent_async.runs import RunRecord, RunStatus
 from agent_async.schedules.cron import cron_problem, next_fire
 from agent_async.schedules.scheduler import ScheduleView
 from agent_async.store.events import EventType
+from agent_async.store.listing import JobOrder
 from app.api.sse import admin_stream, heartbeat_seconds, sse_response
 from app.dashboard.security import (
     CSRF_FIELD,
@@ -233,6 +234,41 @@ def _cursor_arg() -> int:
     return int(value)
 
 
+def _order_arg() -> JobOrder:
+    value = _arg("sort", 16)
+    if value is None:
+        return JobOrder.NEWEST
+    try:
+        return JobOrder(value.lower())
+    except ValueError:
+        raise DashboardError(422, f"sort must be one of {', '.join(JobOrder)}") from None
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _created_arg(name: str) -> tuple[int, str] | None:
+    """A creation time bound: (epoch ms, its UTC text for the form field and the paging links).
+
+    `<input type="datetime-local">` sends `YYYY-MM-DDTHH:MM` with no zone: it is read as UTC, like every
+    time on these pages; an ISO 8601 time with a zone (`Z`, `+02:00`) is converted to UTC.
+    """
+    value = _arg(name, 40)
+    if value is None:
+        return None
+    problem = f"{name} must be a time as YYYY-MM-DDTHH:MM (UTC) or ISO 8601 with a zone"
+    try:
+        at = datetime.fromisoformat(value)
+        at = at.replace(tzinfo=UTC) if at.tzinfo is None else at.astimezone(UTC)
+    except (ValueError, OverflowError):
+        raise DashboardError(422, problem) from None
+    if at < _EPOCH:
+        raise DashboardError(422, f"{name} must be after 1970-01-01T00:00 UTC")
+    # datetime-local accepts seconds and fractions too; the text keeps the bound exact to the ms.
+    text = at.strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3].removesuffix(":00.000").removesuffix(".000")
+    return (at - _EPOCH) // timedelta(milliseconds=1), text
+
+
 @blueprint.get("/jobs")
 @hide
 async def jobs() -> Response:
@@ -242,21 +278,30 @@ async def jobs() -> Response:
         if await rt.client.get_state(search) is not None:
             return see_other(url_for("dashboard.job_detail", job_id=search))
         return await _page("jobs.html", status=404, page=None, filters={}, search=search, live_insert=False)
-    filters = {"status": _status_arg(), "job": _arg("job"), "user": _arg("user")}
+    status, job, user = _status_arg(), _arg("job"), _arg("user")
+    order, since, until = _order_arg(), _created_arg("since"), _created_arg("until")
+    if since is not None and until is not None and since[0] >= until[0]:
+        raise DashboardError(422, "since must be before until")
     cursor = _cursor_arg()
-    page = await rt.client.list_page(
-        status=filters["status"], name=filters["job"], user_uid=filters["user"],  # type: ignore[arg-type]
+    page = await rt.client.listing.list_page(
+        status=status, name=job, user_uid=user, order=order,
+        created_since_ms=None if since is None else since[0], created_until_ms=None if until is None else until[0],
         cursor=cursor, limit=PAGE_SIZE,
     )
-    query: dict[str, Any] = {
-        k: (v.value if isinstance(v, JobStatus) else v) for k, v in filters.items() if v is not None
+    filters = {
+        "status": None if status is None else status.value, "job": job, "user": user,
+        "since": None if since is None else since[1], "until": None if until is None else until[1],
+        "sort": None if order is JobOrder.NEWEST else order.value,
     }
+    query: dict[str, Any] = {k: v for k, v in filters.items() if v is not None}
     next_url = None if page.next_cursor is None else url_for("dashboard.jobs", cursor=page.next_cursor, **query)
     return await _page(
         "jobs.html", page=page, rows=[_row(s) for s in page.states], filters=query, search=None,
         next_url=next_url, first_url=url_for("dashboard.jobs", **query) if cursor else None,
-        # New jobs are prepended live on the first page only: further pages are positions in an index.
-        live_insert=cursor == 0, statuses=list(JobStatus),
+        # New jobs are prepended live on the first page of the newest first, open-ended list only:
+        # further pages are positions in an index, and a new job is after any `until`.
+        live_insert=cursor == 0 and order is JobOrder.NEWEST and until is None, statuses=list(JobStatus),
+        orders=list(JobOrder),
     )
 
 
