@@ -1,7 +1,7 @@
 """agent-async: asyncio-native job infrastructure on arq + Redis."""
 
 from agent_async.agent import Agent
-from agent_async.client import ClientAgent
+from agent_async.client import ClientAgent, EnqueueResult
 from agent_async.engine import QueueStats
 from agent_async.errors import (
     ERROR_JOB_CONCURRENT_LIMIT,
@@ -57,6 +57,7 @@ __all__ = [
     "ConnectionGuard",
     "DuplicateJobError",
     "EnqueueError",
+    "EnqueueResult",
     "ErrorKind",
     "EventType",
     "GroupError",

@@ -192,7 +192,7 @@ class Agent:
         )
         await self.job_store.create(
             state,
-            gate=self._gate_claim(type(request), user_uid),
+            gate=self.gate_claim(type(request), user_uid),
             engine=self.engine.job(state, defer_s),
             resume=request.resume,
             max_try=request.max_try,
@@ -200,7 +200,8 @@ class Agent:
         )
         return state
 
-    def _gate_claim(self, request_class: type[JobRequest], user_uid: str | None) -> GateClaim | None:
+    def gate_claim(self, request_class: type[JobRequest], user_uid: str | None) -> GateClaim | None:
+        """The concurrency gate a new job of this request class and user takes (None: no limit)."""
         if request_class.max_concurrent == 0:
             return None
         return GateClaim(

@@ -96,7 +96,7 @@ class ClientAgent:
             try:
                 state = JobState(job_id=uuid.uuid4().hex, name=request.name, user_uid=user_uid,
                                  payload=request.payload())
-                gate = self.agent._gate_claim(type(request), user_uid)
+                gate = self.agent.gate_claim(type(request), user_uid)
                 call = self._jobs.create_call(
                     state, gate=gate, engine=self.agent.engine.job(state, defer_s), resume=request.resume,
                     max_try=request.max_try, owned_blobs=request.owned_blob_refs(),
