@@ -1,0 +1,132 @@
+"""Cost against the backlog: enqueue and drain rates with 1,000 and 100,000 jobs already queued (and
+1,000,000 with --big), and Redis memory per queued job and per retained finished state.
+
+Usage: python benchmarks/scale.py [--big] [--window-s S]
+
+Each backlog size gets a private redis-server (benchmarks/peers.py's RedisServer), so memory is
+read off `INFO memory` with nothing else in it. The backlog is queued with ClientAgent.enqueue_many
+(deferred an hour, so the drain measures the jobs queued after it, which start at once, and the
+backlog stays in the queue ZSET and the indexes the whole time). Then, at that backlog:
+`enqueue_per_s` is 2,000 more jobs through enqueue_many; `drain_per_s` is the fast worker
+(`benchmarks/throughput.py --worker agent`, one process) running those for `--window-s` seconds.
+Memory: `queued_job_bytes` is the used-memory growth per backlog job; `finished_state_bytes` is
+the growth per job of 5,000 jobs queued then drained to SUCCESS (JobState hash, its index entries,
+its events; arq's result key is not kept). The event stream is capped near 100,000 events, so its
+share per job falls for bigger runs. Last line: one JSON object, ratios against the smallest backlog.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from redis.asyncio import Redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from agent_async import Agent, AgentSettings, ClientAgent
+from benchmarks.peers import RedisServer
+from benchmarks.throughput import Noop, spawn_worker
+
+MEASURED_JOBS = 2000
+FINISHED_JOBS = 5000
+BACKLOG_DEFER_S = 3600.0
+
+
+async def used_memory(redis: Redis) -> int:
+    return int((await redis.info("memory"))["used_memory"])
+
+
+async def enqueue_all(client: ClientAgent, n: int, *, defer_s: float = 0.0) -> float:
+    """Queue `n` no-op jobs through enqueue_many; returns jobs per second."""
+    started = time.perf_counter()
+    for start in range(0, n, 5000):
+        results = await client.enqueue_many([Noop() for _ in range(min(5000, n - start))], "bench", defer_s=defer_s)
+        if any(r.job_id is None for r in results):
+            raise SystemExit("a job was refused while queueing the backlog")
+    return n / (time.perf_counter() - started)
+
+
+def drain_rate(namespace: str, url: str, window_s: float) -> float:
+    """Jobs per second the fast worker runs in `window_s` seconds (then SIGTERM)."""
+    proc = spawn_worker("agent", namespace, url, burst=False)
+    time.sleep(window_s)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    figures = json.loads(out.strip().splitlines()[-1])
+    if figures["runs"] < 2:
+        raise SystemExit("the worker ran no jobs in the window")
+    return float((figures["runs"] - 1) / figures["elapsed_s"])
+
+
+async def at_backlog(backlog: int, window_s: float) -> dict[str, float]:
+    server = RedisServer()
+    try:
+        redis = Redis.from_url(server.url)
+        namespace = f"scale-{uuid.uuid4().hex[:8]}"
+        async with Agent(AgentSettings(redis_url=server.url, namespace=namespace)) as agent:
+            client = ClientAgent(agent)
+            await client.enqueue_many([Noop()], "bench")  # loads the scripts
+            before = await used_memory(redis)
+            await enqueue_all(client, backlog, defer_s=BACKLOG_DEFER_S)
+            queued_job_bytes = (await used_memory(redis) - before) / backlog
+            enqueue_per_s = await enqueue_all(client, MEASURED_JOBS)
+        drain_per_s = drain_rate(namespace, server.url, window_s)
+        await redis.aclose()
+        return {"enqueue_per_s": round(enqueue_per_s), "drain_per_s": round(drain_per_s),
+                "queued_job_bytes": round(queued_job_bytes)}
+    finally:
+        server.stop()
+
+
+async def finished_state_bytes() -> float:
+    server = RedisServer()
+    try:
+        redis = Redis.from_url(server.url)
+        namespace = f"scale-{uuid.uuid4().hex[:8]}"
+        async with Agent(AgentSettings(redis_url=server.url, namespace=namespace)) as agent:
+            client = ClientAgent(agent)
+            await client.enqueue_many([Noop()], "bench")
+            before = await used_memory(redis)
+            await enqueue_all(client, FINISHED_JOBS)
+            proc = spawn_worker("agent", namespace, server.url, burst=True)
+            proc.communicate(timeout=600)
+            after = await used_memory(redis)
+        await redis.aclose()
+        return (after - before) / FINISHED_JOBS
+    finally:
+        server.stop()
+
+
+async def main(args: argparse.Namespace) -> None:
+    sizes = [1000, 100_000] + ([1_000_000] if args.big else [])
+    by_size: dict[str, dict[str, float]] = {}
+    for size in sizes:
+        by_size[str(size)] = figures = await at_backlog(size, args.window_s)
+        print(f"backlog {size:>9,}: {figures}", flush=True)
+    state_bytes = await finished_state_bytes()
+    print(f"finished state: {state_bytes:.0f} bytes per job", flush=True)
+    base = by_size[str(sizes[0])]
+    result: dict[str, Any] = {
+        "backlogs": by_size,
+        "finished_state_bytes": round(state_bytes),
+        "queued_job_bytes_at_100k": by_size["100000"]["queued_job_bytes"],
+        "enqueue_ratio_largest_vs_smallest": round(by_size[str(sizes[-1])]["enqueue_per_s"] / base["enqueue_per_s"], 3),
+        "drain_ratio_largest_vs_smallest": round(by_size[str(sizes[-1])]["drain_per_s"] / base["drain_per_s"], 3),
+        "window_s": args.window_s,
+    }
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--big", action="store_true", help="also 1,000,000 queued jobs (minutes, GBs)")
+    parser.add_argument("--window-s", type=float, default=4.0)
+    asyncio.run(main(parser.parse_args()))
