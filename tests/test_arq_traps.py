@@ -202,9 +202,14 @@ async def test_failed_finish_transaction_keeps_the_worker_alive(
     second = await client.enqueue(Echo(text="second"))
     await run_burst(agent, "agent_worker")
     await redis.delete("wrongtype-" + agent.keys.namespace)
-    states = {j: await client.get_state(j) for j in (first, second)}
-    assert sorted(s.status for s in states.values() if s) == [JobStatus.STARTED, JobStatus.SUCCESS]
-    assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0) == 1
+    states = [s for s in [await client.get_state(j) for j in (first, second)] if s]
+    lost = [s for s in states if s.status is not JobStatus.SUCCESS]
+    assert len(states) == 2 and len(lost) == 1, states
+    # The job whose outcome could not be committed is left STARTED, unless the worker's own
+    # reconcile pass (every reconcile_interval_s) already ended it while the burst was still going.
+    assert lost[0].status in (JobStatus.STARTED, JobStatus.FAILURE), lost[0]
+    reconciled = await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0)
+    assert reconciled == (1 if lost[0].status is JobStatus.STARTED else 0)
     for job_id in (first, second):
         assert (await client.get_state(job_id)).is_terminal  # type: ignore[union-attr]
     assert await runs(redis, agent, first) == 1 and await runs(redis, agent, second) == 1
