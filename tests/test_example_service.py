@@ -89,4 +89,6 @@ def test_healthcheck_reads_the_heartbeat_file(namespace: str, tmp_path: Path) ->
     ten_s_ago = time.time() - 10
     os.utime(beat, (ten_s_ago, ten_s_ago))
     stale = subprocess.run(check, env=env, capture_output=True, text=True, timeout=60)
-    assert stale.returncode == 1 and re.search(r"heartbeat is 1[01]s old \(limit 3s\)", stale.stderr), stale.stderr
+    # At least the 10 s it was made stale by; a loaded machine may take a second or two longer.
+    age = re.search(r"heartbeat is (\d+)s old \(limit 3s\)", stale.stderr)
+    assert stale.returncode == 1 and age is not None and 10 <= int(age.group(1)) <= 20, stale.stderr
