@@ -72,8 +72,10 @@ async def test_blobs_go_when_the_worker_ends_the_job(
     await drain()  # the flaky one's second (last) attempt
     state = await client.get_state(job_id)
     assert state is not None and state.is_terminal and state.attempts == (2 if outcome == "flaky" else 1)
-    assert not await gone(store, ref), "kept until a sweep"
-    assert await agent.owned_blobs.sweep() == 1
+    # Deleted by a sweep, not by the job's end: ours below, unless the worker's own recovery pass
+    # (every reconcile_interval_s, 0.2 s here) already ran one while the drain was going.
+    if not await gone(store, ref):
+        assert await agent.owned_blobs.sweep() == 1
     assert await gone(store, ref)
     assert await agent.owned_blobs.sweep() == 0, "forgotten once deleted"
 
