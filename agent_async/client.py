@@ -15,6 +15,7 @@ from agent_async.errors import RequestCode, RequestRefusedError, StorageError
 from agent_async.groups import GroupFinalizer, GroupView
 from agent_async.lifecycle import JobStatus
 from agent_async.request import JobRequest
+from agent_async.runs import RunRecord
 from agent_async.schedules.scheduler import Scheduler
 from agent_async.state import JobState
 from agent_async.store.batch import run_scripts
@@ -225,6 +226,17 @@ class ClientAgent:
             if state.status is JobStatus.CANCELED:
                 await self._record_cancelled_runs(job_id)
         return state
+
+    async def cancel_run(self, run: RunRecord, *, reason: str, wait_s: float | None = None) -> RunRecord:
+        """Cancel a running run: record it `cancelled` with `reason`, then cancel its group (queued and
+        waiting items canceled, running ones stopped; the finalizer still runs and leaves the record
+        alone) and its job. Returns the record as stored (an ended run is left as it is)."""
+        ended = await self.agent.runs.cancel(run.run_id, reason=reason)
+        if run.group_id is not None:
+            await self.cancel_group(run.group_id)
+        if run.job_id is not None:
+            await self.cancel(run.job_id, wait_s=wait_s)
+        return ended
 
     async def _record_cancelled_runs(self, job_id: str) -> None:
         try:

@@ -9,6 +9,7 @@ from agent_async import Agent, AgentSettings, ClientAgent, RunRecords, RunStatus
 from agent_async.storage import upgrade_async
 from tests.conftest import Drain
 from tests.jobs import Echo
+from tests.test_groups import Child, Final
 
 
 async def test_a_worker_start_ends_runs_left_running_by_a_lost_worker(
@@ -46,3 +47,22 @@ async def test_without_run_records_a_worker_still_starts(drain: Drain, client: C
     await drain()
     state = await client.get_state(job_id)
     assert state is not None and state.status == "SUCCESS"
+
+
+async def test_cancel_run_cancels_the_group_of_a_run_whose_job_has_ended(
+    agent: Agent, settings: AgentSettings, client: ClientAgent, drain: Drain
+) -> None:
+    """A sweep's job ends once it has fanned out; its group runs on. Cancelling the run must stop
+    the group (the dashboard once cancelled only the ended job, leaving the group running)."""
+    await upgrade_async(settings.database_url)
+    sweep_id = await client.enqueue(Echo(text="sweep"))
+    await drain()
+    group_id = await client.enqueue_group([Child() for _ in range(3)], Final(), max_in_flight=1)
+    run = await agent.runs.start("tests.sweep", triggered_by=RunTrigger.MANUAL, job_id=sweep_id)
+    await agent.runs.heartbeat(run.run_id, group_id=group_id)
+    run = await agent.runs.get(run.run_id)
+    assert run is not None
+    ended = await client.cancel_run(run, reason="cancelled by ops")
+    assert ended.status is RunStatus.CANCELLED and ended.error == "cancelled by ops"
+    view = await client.get_group(group_id)
+    assert view is not None and view.canceled == 3 and view.succeeded == 0

@@ -541,21 +541,16 @@ async def runs() -> Response:
 @blueprint.post("/runs/<run_id>/cancel")
 @hide
 async def cancel_run(run_id: str) -> Response:
-    """Cancel a running run by cancelling its job (or group): ClientAgent.cancel records `cancelled`."""
+    """Cancel a running run: recorded `cancelled`, its group and its job cancelled."""
     rt = _rt()
     run = await rt.agent.runs.get(run_id)
     if run is None:
         raise DashboardError(404, "no such run")
     if run.status is not RunStatus.RUNNING:
         raise DashboardError(409, f"the run has ended ({run.status.value})")
-    if run.job_id is not None:
-        await rt.client.cancel(run.job_id, wait_s=CANCEL_WAIT_S)
-    elif run.group_id is not None:
-        await rt.client.cancel_group(run.group_id)
-    again = await rt.agent.runs.get(run_id)
-    if again is not None and again.status is RunStatus.RUNNING:
-        # No job to stop (or it ended some other way): the record itself says what the operator did.
-        await rt.agent.runs.cancel(run_id, reason=f"cancelled from the dashboard by {current_session().uid}")
+    # Its group too: a sweep's job has ended long before its group (ClientAgent.cancel_run).
+    await rt.client.cancel_run(run, reason=f"cancelled from the dashboard by {current_session().uid}",
+                               wait_s=CANCEL_WAIT_S)
     logger.info("dashboard: %s cancelled run %s", current_session().uid, run_id)
     return see_other(url_for("dashboard.runs", notice=Notice.RUN_CANCELLED.value))
 

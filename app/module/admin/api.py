@@ -162,18 +162,13 @@ async def get_run(run_id: str) -> Response:
     descriptions={**_FORBIDDEN, 404: "`run_not_found`.", 409: "`run_not_running`: the run has already ended."},
 )
 async def cancel_run(run_id: str) -> Response:
-    """Cancel a running run: its group (queued and waiting items canceled, running ones stopped),
-    then its job, and record the run `cancelled` with who asked."""
+    """Cancel a running run: record it `cancelled` with who asked, then cancel its group (queued and
+    waiting items canceled, running ones stopped) and its job."""
     _require_admin()
     run = await _run(run_id)
     if run.status is not RunStatus.RUNNING:
         raise ApiError(409, "run_not_running", f"the run has already ended ({run.status.value})")
-    client = runtime().client
-    if run.group_id is not None:
-        await client.cancel_group(run.group_id)
-    if run.job_id is not None:
-        await client.cancel(run.job_id)
-    ended = await runtime().agent.runs.cancel(run.run_id, reason=f"cancelled by {current_principal().uid}")
+    ended = await runtime().client.cancel_run(run, reason=f"cancelled by {current_principal().uid}")
     return jsonify(_run_json(ended))
 
 
