@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import pickle
 from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from agent_async import Agent, ClientAgent, JobStatus
 from agent_async.engine import hooks
+from agent_async.engine.worker import StoppableWorker
 from agent_async.worker import JobRecovery
 from tests.conftest import Drain, run_burst
-from tests.jobs import Amnesia, Echo, Flaky, Gated, NoWorker, runs_key
+from tests.jobs import Amnesia, Echo, Flaky, Gated, NoWorker, Sleeper, runs_key
 
 
 async def runs(redis: Redis, agent: Agent, job_id: str) -> int:
@@ -226,3 +229,44 @@ async def test_scripts_lost_mid_run_still_record_the_outcome(
     assert state is not None and state.status is JobStatus.SUCCESS and state.result == {"remembered": True}
     assert await runs(redis, agent, job_id) == 1
     assert await client.enqueue(Echo())
+
+
+async def test_stock_worker_close_waits_for_running_jobs_past_a_failed_one(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """arq's close() gathers its job tasks and lets the first error out: a job whose finish met a
+    Redis error (Redis went away as it ended, seen in the fault suite) cut the wait short, and
+    on_shutdown then interrupted jobs that were about to end (FAILURE, resume is off). The stock
+    worker's close waits for every running job whatever happened to the others."""
+    failing_id = await client.enqueue(Sleeper(sleep_s=0.3))
+    running_id = await client.enqueue(Sleeper(sleep_s=1.0))
+    worker = StoppableWorker(**agent.worker_settings(burst=False))
+    original = worker.finish_job
+
+    async def finish_job(engine_id: str, *args: object) -> None:
+        if agent.engine.names.job_id(engine_id) == failing_id:
+            raise RedisConnectionError("Redis went away during arq's finish transaction")
+        await original(engine_id, *args)
+
+    worker.finish_job = finish_job  # type: ignore[method-assign]
+    loop_task = asyncio.create_task(worker.main())
+
+    async def both_running() -> bool:
+        states = [await client.get_state(job_id) for job_id in (failing_id, running_id)]
+        return all(s is not None and s.status is JobStatus.STARTED for s in states)
+
+    for _ in range(200):
+        if await both_running():
+            break
+        await asyncio.sleep(0.01)
+    else:
+        pytest.fail("the worker did not start both jobs")
+    # The loop ends as it does on a Redis error (arq #498); then, as Agent.run_worker does, close
+    # while both jobs run: the first one's finish fails during close's wait.
+    loop_task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await loop_task
+    await worker.close()
+    state = await client.get_state(running_id)
+    assert state is not None and state.status is JobStatus.SUCCESS, state
+    assert await runs(redis, agent, running_id) == 1
