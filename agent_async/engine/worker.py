@@ -138,14 +138,11 @@ class StoppableWorker(Worker):
 
     async def close(self) -> None:
         if self._handle_signals:
-            # arq's close() gathers its job tasks and lets the first error out: one job whose
-            # finish met a Redis outage would cut the wait short, and on_shutdown would then
-            # interrupt jobs that were about to end. Wait for all of them first, whatever each
-            # raised (without signals arq cancels them itself, at once, as documented).
-            ended = await asyncio.gather(*self.tasks.values(), return_exceptions=True)
-            for error in ended:
+            # arq's close() gathers its job tasks and lets the first error out, cutting the wait
+            # short: on_shutdown would interrupt jobs about to end. Wait for all of them first (a
+            # failed one is settled by the reconciler; without signals arq cancels them at once).
+            for error in await asyncio.gather(*self.tasks.values(), return_exceptions=True):
                 if isinstance(error, Exception):
-                    # Its state is settled by the reconciler (the job stays leased until then).
                     logger.warning("a job task ended with an error while the worker closed: %r", error)
             self.tasks.clear()
         try:
