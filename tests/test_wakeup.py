@@ -14,12 +14,17 @@ from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from arq.constants import in_progress_key_prefix
 from redis.asyncio import Redis
 
 from agent_async import Agent, AgentSettings, ClientAgent, JobStatus
+from agent_async.engine.claim import SERVER_NOW, claim_call, parse_claim
+from agent_async.engine.wakeup import Waker
 from agent_async.engine.wire import WAKE_CAP, WAKE_TTL_MS
 from agent_async.schedules.overrides import ScheduleOverrides
 from agent_async.storage import upgrade_async
+from agent_async.store import ScriptCall, run_script
+from agent_async.store.scripts import load_scripts
 from tests.conftest import running_worker, wait_for_status
 from tests.faults.conftest import ROOT, PrivateRedis, fault_env
 from tests.faults.svc.jobs.sleep import Sleep
@@ -256,3 +261,56 @@ async def test_redis_restart_while_blocked_recovers(
     finally:
         proc.terminate()
         proc.wait(timeout=15)
+
+
+# -- the claim sent behind the blocking pop -----------------------------------------------------
+
+def behind_the_pop(agent: Agent, wanted: int = 5) -> ScriptCall:
+    names = agent.engine.names
+    return claim_call(names.queue, names.wake_key, wanted=wanted, ttl_ms=60_000, read_limit=100, at=SERVER_NOW)
+
+
+async def test_the_claim_behind_the_pop_takes_the_job_that_woke_it(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """The claim is written with the BLPOP and runs as soon as the token arrives, on Redis's clock:
+    it takes the job queued during the wait (marked in progress) and its reply comes with the wake-up."""
+    call = behind_the_pop(agent)
+    await load_scripts(redis, [call.script])
+    waker = Waker(redis, agent.engine.names.wake_key)
+    try:
+        waiting = asyncio.create_task(waker.wait(10, on_time=False, then=call))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        job_id = await client.enqueue(Echo(text="wake"))
+        woken = await asyncio.wait_for(waiting, 5)
+    finally:
+        await waker.close()
+    assert woken.token
+    claimed = parse_claim(woken.then)
+    engine_id = agent.engine.names.engine_job_id(job_id)
+    assert [job for job, _ in claimed.jobs] == [engine_id]
+    assert await redis.exists(in_progress_key_prefix + engine_id) == 1
+    # Claimed once: a second claim finds it in progress.
+    assert parse_claim(await run_script(redis, behind_the_pop(agent))).jobs == []
+
+
+async def test_a_failed_claim_behind_the_pop_leaves_the_connection_in_step(
+    private_redis: PrivateRedis, namespace: str
+) -> None:
+    """Redis lost the script (a restart, SCRIPT FLUSH): the wake-up still counts, the claim's reply
+    is None (the worker claims the usual way), and the next wait on that connection works."""
+    redis = Redis.from_url(private_redis.url)
+    async with Agent(AgentSettings(redis_url=private_redis.url, namespace=namespace)) as agent:
+        await redis.script_flush()
+        waker = Waker(redis, agent.engine.names.wake_key)
+        try:
+            await redis.lpush(agent.engine.names.wake_key, "1")
+            first = await waker.wait(5, on_time=False, then=behind_the_pop(agent))
+            await redis.lpush(agent.engine.names.wake_key, "1")
+            second = await waker.wait(5, on_time=False)
+        finally:
+            await waker.close()
+            await redis.aclose()
+    assert (first.token, first.then) == (True, None)
+    assert (second.token, second.then) == (True, None)

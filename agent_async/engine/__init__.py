@@ -17,6 +17,7 @@ from arq.cron import CronJob
 from arq.cron import cron as arq_cron
 from arq.worker import Function, func
 
+from agent_async.engine.claim import ENGINE_LUA
 from agent_async.engine.cron import translate
 from agent_async.engine.hooks import Hooks, JobHandler, ScheduleTicker
 from agent_async.engine.wire import (
@@ -30,7 +31,6 @@ from agent_async.engine.wire import (
     wire_loads,
 )
 from agent_async.engine.worker import (
-    ENGINE_LUA,
     FastWorker,
     StoppableWorker,
     run_stopping_on_signal,

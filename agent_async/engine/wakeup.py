@@ -12,10 +12,12 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ResponseError
 
 from agent_async.engine.wire import WAKE_CAP, WAKE_TTL_MS
+from agent_async.store import ScriptCall
 
-__all__ = ["Idle", "Wait", "Waker", "queue_wake"]
+__all__ = ["Idle", "Wait", "Waker", "Woken", "queue_wake"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +34,15 @@ class Idle(Enum):
     WORK = "work"  # nothing claimable: a wake-up token, or the next deferred job's time
     POLL = "poll"  # the read limit was full of jobs claimed elsewhere: arq's polling pause
     STOP = "stop"  # stopping: no more claims, only arq's cancel to come
+
+
+@dataclass(frozen=True, slots=True)
+class Woken:
+    """How a wait ended: by a token (else its timeout or an unblock), and the reply of the script
+    sent behind it (None if none was sent or it failed)."""
+
+    token: bool
+    then: Any = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,17 +75,23 @@ class Waker:
         self._client_id: int | None = None
         self._unblocks: set[asyncio.Task[Any]] = set()
 
-    async def wait(self, timeout_s: float, *, on_time: bool) -> bool:
-        """Block until a token arrives or `timeout_s` passes; True if woken by a token.
+    async def wait(self, timeout_s: float, *, on_time: bool, then: ScriptCall | None = None) -> Woken:
+        """Block until a token arrives or `timeout_s` passes.
 
         `on_time`: the wait must not overrun (Redis's own timeout may be 100 ms late).
+        `then`: a script sent behind the BLPOP in the same write. Redis runs a blocked client's
+        next command as soon as the block ends, so the script (the worker's claim) runs one
+        round trip earlier than if it were sent after the wake-up.
         """
         conn = await self._connection()
         loop = asyncio.get_running_loop()
         server_timeout_s = timeout_s + _BACKSTOP_S if on_time else timeout_s
         timer = loop.call_later(timeout_s, self._unblock) if on_time else None
+        commands: list[tuple[Any, ...]] = [("BLPOP", self._wake_key, f"{max(server_timeout_s, 0.001):.3f}")]
+        if then is not None:
+            commands.append(("EVALSHA", then.script.sha, *then.argv()))
         try:
-            await conn.send_command("BLPOP", self._wake_key, f"{max(server_timeout_s, 0.001):.3f}")
+            await conn.send_packed_command(conn.pack_commands(commands))
             reply = await conn.read_response()
         except BaseException:
             await self._drop()
@@ -82,7 +99,19 @@ class Waker:
         finally:
             if timer is not None:
                 timer.cancel()
-        return reply is not None
+        woken = Woken(token=reply is not None)
+        if then is None:
+            return woken
+        try:
+            return Woken(token=woken.token, then=await conn.read_response())
+        except ResponseError as exc:
+            # The script failed in Redis (NOSCRIPT after a restart, say): the connection is in step
+            # (the error was its reply); the worker sends its claim the usual way.
+            logger.debug("script behind the wake-up failed: %s", exc)
+            return woken
+        except BaseException:
+            await self._drop()
+            raise
 
     async def close(self) -> None:
         for task in list(self._unblocks):

@@ -14,17 +14,16 @@ from signal import Signals
 from typing import Any, cast
 
 from arq.connections import ArqRedis
-from arq.constants import in_progress_key_prefix
 from arq.worker import Worker
 from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError, RedisError
 
+from agent_async.engine.claim import SERVER_NOW, Claimed, claim_call, next_wait, parse_claim
 from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_PIGGYBACK, Hooks, Piggyback
 from agent_async.engine.wakeup import Idle, Wait, Waker, queue_wake
-from agent_async.engine.wire import WAKE_CAP, WAKE_SUFFIX, WAKE_TTL_MS, EngineNames
-from agent_async.lifecycle import now_ms
+from agent_async.engine.wire import EngineNames
 from agent_async.outage import OUTAGE_ERRORS, RedisOutage
-from agent_async.store import LuaScript, ScriptCall, lua_source, run_script
+from agent_async.store import ScriptCall, run_script
 
 __all__ = ["FastWorker", "StoppableWorker", "run_stopping_on_signal", "run_surviving_redis"]
 
@@ -35,15 +34,6 @@ logger = logging.getLogger(__name__)
 _REDIS_RETRY_MIN_S = 0.5
 _REDIS_RETRY_MAX_S = 2.0
 
-# The engine's Lua library (queue.lua), its constants filled in from wire.py.
-ENGINE_LUA = lua_source(
-    "agent_async.engine", "queue.lua",
-    {"@WAKE_CAP@": str(WAKE_CAP), "@WAKE_TTL_MS@": str(WAKE_TTL_MS), "@WAKE_SUFFIX@": WAKE_SUFFIX},
-)
-_CLAIM_BATCH = LuaScript(ENGINE_LUA + "\n" + lua_source("agent_async.engine", "claim_batch.lua"), packed=True)
-# claim_batch.lua's first reply element, when it is not the score of the next deferred job.
-_MORE_DUE = -1
-_READ_LIMIT_FULL = -2
 # A cron tick is enqueued by arq's heart_beat this long before it is due (arq's run_cron window:
 # 2 x max(poll_delay, 0.5 s)); an idle worker wakes this much after the window opens, since arq's
 # test is strict (`next_run < now + window`).
@@ -205,16 +195,24 @@ class FastWorker(StoppableWorker):
         """arq's iteration, with the claims as one script per batch and, with push wake-up, the
         wait for work at its start (arq sleeps poll_delay between iterations instead)."""
         wait, self._wait = self._wait, None
-        if wait is not None:
-            await self._wait_for_work(wait)
+        claimed = await self._wait_for_work(wait) if wait is not None else None
         # Before the claim: a cron tick enqueued now counts in the claim's next-deferred time.
+        cron_runs = [job.next_run for job in self.cron_jobs]
         await self.heart_beat()
+        ticked = cron_runs != [job.next_run for job in self.cron_jobs]
         free = self.max_jobs - self.job_counter
         if self.burst and self.max_burst_jobs >= 0:
             free = min(free, self.max_burst_jobs - self._jobs_started())
             if free < 1:
                 return
-        self._wait = await self._claim(free) if self.allow_pick_jobs else Wait(Idle.STOP)
+        if claimed is not None:
+            self._wait = await self._start(claimed)
+            if ticked and self._wait is not None and self._wait.kind is Idle.WORK:
+                # That claim ran behind the wake-up, before the heartbeat queued a cron tick: its
+                # next-deferred time misses the tick. Claim again now, which sees it.
+                self._wait = None
+        else:
+            self._wait = await self._claim(free) if self.allow_pick_jobs else Wait(Idle.STOP)
         if self.allow_abort_jobs:
             await self._cancel_aborted_jobs()
         for job_id, task in list(self.tasks.items()):
@@ -222,31 +220,26 @@ class FastWorker(StoppableWorker):
                 del self.tasks[job_id]
                 task.result()  # arq's way of letting an error in run_job end the loop
 
+    def _claim_call(self, free: int, at: int | str | None = None) -> ScriptCall:
+        return claim_call(
+            self.queue_name, self._names.wake_key, wanted=free, ttl_ms=int(self.in_progress_timeout_s * 1000),
+            read_limit=self.queue_read_limit, at=at,
+        )
+
     async def _claim(self, free: int) -> Wait | None:
         """Claim up to `free` due jobs in one call and start them; say what to wait for next."""
         if free < 1:
             return Wait(Idle.SLOT)
-        ttl_ms = int(self.in_progress_timeout_s * 1000)
-        call = _CLAIM_BATCH(
-            [self.queue_name, self._names.wake_key],
-            [now_ms(), ttl_ms, in_progress_key_prefix, free, self.queue_read_limit],
-        )
-        reply = await run_script(self.pool, call)
-        for i in range(1, len(reply), 2):
+        return await self._start(parse_claim(await run_script(self.pool, self._claim_call(free))))
+
+    async def _start(self, claimed: Claimed) -> Wait | None:
+        for job_id, score in claimed.jobs:
             await self.sem.acquire()  # never waits: at most `free` jobs were claimed
             self.job_counter += 1
-            job_id = reply[i].decode()
-            task = self.loop.create_task(self.run_job(job_id, int(float(reply[i + 1]))))
+            task = self.loop.create_task(self.run_job(job_id, score))
             task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
             self.tasks[job_id] = task
-        next_ms = int(reply[0])
-        if self.job_counter >= self.max_jobs:
-            return Wait(Idle.SLOT)
-        if next_ms == _MORE_DUE:
-            return None
-        if next_ms == _READ_LIMIT_FULL:
-            return Wait(Idle.POLL)
-        return Wait(Idle.WORK, next_ms or None)
+        return next_wait(claimed, slots_full=self.job_counter >= self.max_jobs)
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()
@@ -259,10 +252,12 @@ class FastWorker(StoppableWorker):
         while pending := [task for task in self.tasks.values() if not task.done()]:
             await asyncio.wait(pending)
 
-    async def _wait_for_work(self, wait: Wait) -> None:
+    async def _wait_for_work(self, wait: Wait) -> Claimed | None:
+        """Wait as `wait` says; with push wake-up, the claim rides behind the blocking pop (its
+        reply is returned: the jobs it took are claimed and must be started)."""
         timeout_s, on_time = self._wait_bound_s(wait)
         if timeout_s <= 0:
-            return
+            return None
         if wait.kind is Idle.POLL:
             await asyncio.sleep(min(self._poll_pause_s, timeout_s))
         elif wait.kind is Idle.STOP:
@@ -277,7 +272,13 @@ class FastWorker(StoppableWorker):
         else:
             if self._waker is None:
                 self._waker = Waker(cast(ArqRedis, self._pool), self._names.wake_key)
-            await self._waker.wait(timeout_s, on_time=on_time)
+            # Slots only free up during the wait: the claim may take fewer than it could, never more.
+            free = self.max_jobs - self.job_counter
+            then = self._claim_call(free, SERVER_NOW) if free > 0 and self.allow_pick_jobs else None
+            woken = await self._waker.wait(timeout_s, on_time=on_time, then=then)
+            if woken.then is not None:
+                return parse_claim(woken.then)
+        return None
 
     def _wait_bound_s(self, wait: Wait) -> tuple[float, bool]:
         """How long the worker may wait, and whether that bound is a time something is due (a

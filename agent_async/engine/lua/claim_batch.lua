@@ -2,13 +2,18 @@
 -- marked in progress; arq spends four round trips per job on it), and tell the worker how long it
 -- may wait when it found fewer. Loaded after queue.lua.
 -- KEYS: queue, wake list
--- ARGV: now ms, in-progress ttl ms, in-progress key prefix, jobs wanted, read limit
+-- ARGV: now ms (or "now": Redis's clock, for a claim queued behind a blocking wait), in-progress
+--       ttl ms, in-progress key prefix, jobs wanted, read limit
 -- Reply: {next, engine id, score, engine id, score, ...}. next: -1 the batch is full and more due
 --        jobs may wait; -2 the read limit was all jobs claimed elsewhere (poll again soon);
 --        otherwise the score of the next deferred job, 0 if there is none.
 
 local queue, wake = KEYS[1], KEYS[2]
 local now, ttl_ms, prefix = tonumber(ARGV[1]), ARGV[2], ARGV[3]
+if ARGV[1] == 'now' then
+  local t = redis.call('TIME')
+  now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
 local wanted, limit = tonumber(ARGV[4]), tonumber(ARGV[5])
 local due = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
 local reply = {0}
