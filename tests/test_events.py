@@ -24,6 +24,7 @@ from agent_async import (
 )
 from agent_async.worker.progress import ProgressReporter
 from tests.conftest import Drain, running_worker, wait_for_status
+from tests.jobs import Flaky
 
 
 @dataclass
@@ -68,6 +69,29 @@ async def test_every_transition_has_one_event_in_order(drain: Drain, client: Cli
     assert all(e.name == Steps.name and e.user_uid == "alice" for e in events)
     assert [e.event_id for e in events] == sorted(e.event_id for e in events)
     assert events[-1].is_terminal and events[1].attempts == 1
+
+
+async def test_each_event_carries_the_state_as_its_transition_left_it(
+    drain: Drain, client: ClientAgent, agent: Agent
+) -> None:
+    """Name, user, attempts and error of each event are those of the state right after its
+    transition (the scripts pass what they hold rather than read the state again)."""
+    job_id = await client.enqueue(Flaky(fail_times=1), "carol")
+    await drain()
+    events = [e for e in await job_events(client, job_id) if e.type is EventType.STATUS]
+    seen = [(e.status, e.attempts, e.error) for e in events]
+    retry_error = "ValueError: flaky failure #1"
+    assert seen == [
+        (JobStatus.PENDING, 0, None),
+        (JobStatus.STARTED, 1, None),
+        (JobStatus.RETRY, 1, retry_error),
+        # The second start still shows the error the retry left; the success clears it.
+        (JobStatus.STARTED, 2, retry_error),
+        (JobStatus.SUCCESS, 2, None),
+    ], seen
+    assert {(e.name, e.user_uid) for e in events} == {(Flaky.name, "carol")}
+    state = await client.get_state(job_id)
+    assert state is not None and (state.attempts, state.error) == (2, None)
 
 
 async def test_a_cancel_before_start_and_a_failure_have_their_events(drain: Drain, client: ClientAgent) -> None:

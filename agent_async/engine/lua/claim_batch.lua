@@ -15,22 +15,35 @@ if ARGV[1] == 'now' then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local wanted, limit = tonumber(ARGV[4]), tonumber(ARGV[5])
-local due = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'WITHSCORES', 'LIMIT', 0, limit)
 local reply = {0}
 local claimed = 0
-local i = 1
-while i < #due and claimed < wanted do
-  local claim = prefix .. due[i]
-  if redis.call('EXISTS', claim) == 0 then
-    redis.call('PSETEX', claim, ttl_ms, '1')
-    reply[#reply + 1] = due[i]
-    reply[#reply + 1] = due[i + 1]
-    claimed = claimed + 1
+-- Read the due jobs a page at a time: a worker with one free slot looks at a few entries, not at
+-- the whole read limit (arq reads it all at every poll). Entries claimed by other workers are
+-- skipped; `limit` bounds how many are looked at in all.
+local page = math.max(2 * wanted, 16)
+local read, more = 0, false
+while claimed < wanted and read < limit do
+  local n = math.min(page, limit - read)
+  local due = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'WITHSCORES', 'LIMIT', read, n + 1)
+  more = #due > 2 * n  -- the extra entry: is anything due after this page?
+  local last = math.min(#due, 2 * n)
+  local i = 1
+  while i < last and claimed < wanted do
+    local claim = prefix .. due[i]
+    if redis.call('EXISTS', claim) == 0 then
+      redis.call('PSETEX', claim, ttl_ms, '1')
+      reply[#reply + 1] = due[i]
+      reply[#reply + 1] = due[i + 1]
+      claimed = claimed + 1
+    end
+    i = i + 2
   end
-  i = i + 2
+  if i < last then more = true end
+  read = read + n
+  if not more then break end
 end
 if claimed == wanted then
-  if i < #due then
+  if more then
     -- More may be due than this worker takes: wake another idle worker to share them (unless a
     -- token already waits: then no worker is idle, or one is about to wake).
     reply[1] = -1
@@ -38,7 +51,8 @@ if claimed == wanted then
   end
   return reply
 end
-if #due >= 2 * limit then
+if more then
+  -- The read limit was all jobs claimed elsewhere, and more are due: poll again soon.
   reply[1] = -2
   return reply
 end

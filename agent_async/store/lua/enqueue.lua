@@ -24,16 +24,19 @@ if gate ~= '' and limit > 0 then
 end
 local fields = {}
 for i = 11, #ARGV do fields[#fields + 1] = ARGV[i] end
-redis.call('HSET', state, unpack(fields))
-redis.call('HSET', state, 'updated_ms', now)
-emit(state, job_id, 'PENDING', now)
-metric('enq|' .. field_value(ARGV, 11, 'name'))
+fields[#fields + 1] = 'updated_ms'; fields[#fields + 1] = now
 if gate ~= '' and limit > 0 then
-  redis.call('HSET', state, 'gate', gate, 'gate_ttl_ms', tonumber(ARGV[4]) - now)
+  fields[#fields + 1] = 'gate'; fields[#fields + 1] = gate
+  fields[#fields + 1] = 'gate_ttl_ms'; fields[#fields + 1] = tonumber(ARGV[4]) - now
 end
+redis.call('HSET', state, unpack(fields))
+local name = field_value(ARGV, 11, 'name')
+emit_known(job_id, 'PENDING', now, name, field_value(ARGV, 11, 'user'), field_value(ARGV, 11, 'attempts'),
+           field_value(ARGV, 11, 'error'))
+metric('enq|' .. name)
 redis.call('ZADD', active, now, job_id)
 redis.call('ZADD', all_idx, now, job_id)
-redis.call('ZADD', idx_key(active, 'name:' .. redis.call('HGET', state, 'name')), now, job_id)
+redis.call('ZADD', idx_key(active, 'name:' .. name), now, job_id)
 if user_idx ~= '' then redis.call('ZADD', user_idx, now, job_id) end
 if sched_idx ~= '' then redis.call('ZADD', sched_idx, now, job_id) end
 if gate ~= '' and limit > 0 then

@@ -40,11 +40,18 @@ end
 
 -- One event per transition, in the same script as the transition: no event without a
 -- transition, no transition without an event. Its stream id (ms-seq) orders and resumes a reader.
-local function emit(state, job_id, status, now)
+-- emit_known: for a script that already holds the state's fields as they now are (no read).
+local function emit_known(job_id, status, now, name, user, attempts, err)
   if EVENTS == '' then return end  -- events are off (AGENT_EVENTS_ENABLED=false)
-  local h = redis.call('HMGET', state, 'name', 'user', 'attempts', 'error')
+  if attempts == nil or attempts == '' then attempts = '0' end
   redis.call('XADD', EVENTS, 'MAXLEN', '~', EVENTS_KEPT, '*', 'type', 'status', 'job', job_id, 'status', status,
-             'name', h[1] or '', 'user', h[2] or '', 'attempts', h[3] or '0', 'error', h[4] or '', 'ms', now)
+             'name', name or '', 'user', user or '', 'attempts', attempts, 'error', err or '', 'ms', now)
+end
+
+local function emit(state, job_id, status, now)
+  if EVENTS == '' then return end
+  local h = redis.call('HMGET', state, 'name', 'user', 'attempts', 'error')
+  emit_known(job_id, status, now, h[1], h[2], h[3], h[4])
 end
 
 local function is_terminal(status)
@@ -148,8 +155,9 @@ end
 -- Ends a state for good: terminal fields, out of the active index and the leases, slot freed,
 -- retention TTL, its group told. Every script that can end a job ends it through here.
 local function end_job(state, active, leases, job_id, status, now, retention_s, err)
-  -- Read before the status is overwritten: whether it was running, and since when.
-  local h = redis.call('HMGET', state, 'gate', 'group', 'name', 'status', 'started_ms')
+  -- Read before the status is overwritten: whether it was running, and since when; and what the
+  -- event carries (nothing below changes the name, user or attempts).
+  local h = redis.call('HMGET', state, 'gate', 'group', 'name', 'status', 'started_ms', 'user', 'attempts', 'error')
   local fields = {'status', status, 'updated_ms', now, 'finished_ms', now}
   if err and err ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = err end
   redis.call('HSET', state, unpack(fields))
@@ -157,13 +165,13 @@ local function end_job(state, active, leases, job_id, status, now, retention_s, 
   redis.call('ZREM', leases, job_id)
   if h[1] then redis.call('ZREM', h[1], job_id) end
   redis.call('EXPIRE', state, retention_s)
-  local name, counts = redis.call('HGET', state, 'name') or '', idx_key(active, 'counts:' .. math.floor(now / 3600000))
+  local name, counts = h[3] or '', idx_key(active, 'counts:' .. math.floor(now / 3600000))
   redis.call('ZADD', idx_key(active, 'status:' .. status), now, job_id)
   redis.call('HINCRBY', counts, name .. '|' .. status, 1); redis.call('EXPIRE', counts, retention_s + 3600)
   local prefix, cutoff = string.sub(state, 1, -#job_id - 1), now - retention_s * 1000
   prune(idx_key(active, 'status:' .. status), prefix, cutoff); prune(idx_key(active, 'name:' .. name), prefix, cutoff)
-  emit(state, job_id, status, now)
-  local name = h[3] or ''
+  if err and err ~= '' then h[8] = err end
+  emit_known(job_id, status, now, name, h[6], h[7], h[8])
   metric('fin|' .. name .. '|' .. status)
   if h[4] == 'STARTED' then
     -- The run that ended the job (its count also ends the run in jobs_in_progress); an undone

@@ -8,7 +8,7 @@
 local state, active, leases = KEYS[1], KEYS[2], KEYS[3]
 local job_id, now = ARGV[1], tonumber(ARGV[2])
 local h = redis.call('HMGET', state, 'status', 'user', 'name', 'gate', 'gate_ttl_ms', 'resume', 'max_try',
-                     'attempts', 'cancel_requested_ms', 'updated_ms')
+                     'attempts', 'cancel_requested_ms', 'updated_ms', 'error')
 if not h[1] then return {-1} end
 if is_terminal(h[1]) then return {-2, h[1]} end
 if h[1] == 'STARTED' then
@@ -31,7 +31,7 @@ else
 end
 local attempts = redis.call('HINCRBY', state, 'attempts', 1)
 redis.call('HSET', state, 'status', 'STARTED', 'started_ms', now, 'updated_ms', now)
-emit(state, job_id, 'STARTED', now)
+emit_known(job_id, 'STARTED', now, h[3], h[2], attempts, h[11])
 redis.call('ZADD', active, now, job_id)
 redis.call('ZADD', leases, tonumber(ARGV[3]), job_id)
 if h[4] then
