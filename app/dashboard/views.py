@@ -512,7 +512,8 @@ def _run_row(run: RunRecord) -> dict[str, Any]:
     return {
         "run": run, "started": _iso(run.started_ms), "finished": _iso(run.finished_ms),
         "duration_s": f"{(end_ms - run.started_ms) / 1000:.1f}",
-        "counters": json.dumps(run.counters, sort_keys=True), "failed": ", ".join(run.failed_ids[:20]),
+        "counters": " · ".join(f"{name} {value}" for name, value in sorted(run.counters.items())),
+        "failed": ", ".join(run.failed_ids[:20]),
         "failed_more": max(0, len(run.failed_ids) - 20),
     }
 
@@ -523,18 +524,21 @@ async def runs() -> Response:
     status_value = _arg("status")
     if status_value is not None and status_value not in set(RunStatus):
         raise DashboardError(422, f"status must be one of {', '.join(RunStatus)}")
-    before = _arg("before", 64)
+    before, kind = _arg("before", 64), _arg("kind", 200)
     try:
         records = await _rt().agent.runs.list(
-            kind=_arg("kind"), status=None if status_value is None else RunStatus(status_value),
+            kind=kind, status=None if status_value is None else RunStatus(status_value),
             limit=PAGE_SIZE, before=before,
         )
     except ValueError:
         raise DashboardError(422, "before must be a cursor from this page's link") from None
-    next_url = url_for("dashboard.runs", before=records[-1].cursor) if len(records) == PAGE_SIZE else None
+    # The next page keeps the filters it was asked with.
+    filters = {k: v for k, v in (("status", status_value), ("kind", kind)) if v is not None}
+    next_url = (url_for("dashboard.runs", before=records[-1].cursor, **filters)
+                if len(records) == PAGE_SIZE else None)
     return await _page(
         "runs.html", rows=[_run_row(r) for r in records], next_url=next_url, run_statuses=list(RunStatus),
-        status_filter=status_value,
+        status_filter=status_value, kind_filter=kind or "",
     )
 
 

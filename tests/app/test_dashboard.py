@@ -510,6 +510,30 @@ async def test_runs_list_and_cancel_a_running_run_records_cancelled(dash: Dash) 
     assert again.status_code == 409
 
 
+async def test_runs_filter_by_kind_and_the_older_link_keeps_the_filters(dash: Dash) -> None:
+    """51 finished runs of one kind and one of another: a page of 50 of the kind asked for, and
+    its "Older" link leads to the 51st under the same filters (not to the other kind's run)."""
+    from agent_async.runs import RunStatus, RunTrigger
+
+    runs = dash.runtime.agent.runs
+    kind, other = f"tests.dash.{uuid.uuid4().hex[:8]}", f"tests.dash.{uuid.uuid4().hex[:8]}"
+    ids = []
+    for i in range(51):
+        run = await runs.start(kind, triggered_by=RunTrigger.SCHEDULED)
+        await runs.finish(run.run_id, RunStatus.PARTIAL, counters={"synced": i, "failed": 1})
+        ids.append(run.run_id)
+    stranger = (await runs.start(other, triggered_by=RunTrigger.SCHEDULED)).run_id
+    client, _ = await dash.signed_in(DashboardRole.VIEWER)
+    html = await (await client.get(f"/admin/ui/runs?kind={kind}&status=partial")).get_data(as_text=True)
+    assert html.count("data-run-id=") == 50 and stranger not in html
+    assert "failed 1 · synced 50" in html  # counters as words, newest first
+    older = html.split('rel="next"')[0].rsplit('href="', 1)[1].split('"')[0].replace("&amp;", "&")
+    assert f"kind={kind}" in older and "status=partial" in older
+    rest = await (await client.get(older)).get_data(as_text=True)
+    assert rest.count("data-run-id=") == 1 and f'data-run-id="{ids[0]}"' in rest
+    assert (await client.get("/admin/ui/runs?kind=" + "k" * 201)).status_code == 422
+
+
 async def test_guards_page_and_reset(dash: Dash) -> None:
     guard = dash.runtime.ics_guard
     name = "ics:down.example"
