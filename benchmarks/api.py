@@ -29,6 +29,7 @@ from quart import Quart, Response, jsonify
 from redis.asyncio import Redis
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the reference app is not installed: it is imported from the checkout
 SECRET = "benchmark-secret-key-0123456789"
 WARMUP_S = 1.0
 
