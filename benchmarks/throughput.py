@@ -76,6 +76,17 @@ class NoopJob(Job[Noop]):
 
 
 @agent_job
+class NoopGatedJob(Job[NoopGated]):
+    """Only enqueued (the enqueue latency with a gate); registered so that the start-latency
+    worker, which finds them queued, runs them as no-ops instead of failing them as unknown."""
+
+    request_class = NoopGated
+
+    async def process(self, request: NoopGated, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        return {}
+
+
+@agent_job
 class PingJob(Job[Ping]):
     request_class = Ping
 

@@ -532,9 +532,8 @@ async def runs() -> Response:
         )
     except ValueError:
         raise DashboardError(422, "before must be a cursor from this page's link") from None
-    # The next page keeps the filters it was asked with.
-    filters = {k: v for k, v in (("status", status_value), ("kind", kind)) if v is not None}
-    next_url = (url_for("dashboard.runs", before=records[-1].cursor, **filters)
+    # The next page keeps the filters it was asked with (url_for leaves out those that are None).
+    next_url = (url_for("dashboard.runs", before=records[-1].cursor, status=status_value, kind=kind)
                 if len(records) == PAGE_SIZE else None)
     return await _page(
         "runs.html", rows=[_run_row(r) for r in records], next_url=next_url, run_statuses=list(RunStatus),

@@ -531,6 +531,9 @@ async def test_runs_filter_by_kind_and_the_older_link_keeps_the_filters(dash: Da
     assert f"kind={kind}" in older and "status=partial" in older
     rest = await (await client.get(older)).get_data(as_text=True)
     assert rest.count("data-run-id=") == 1 and f'data-run-id="{ids[0]}"' in rest
+    unfiltered = await (await client.get(f"/admin/ui/runs?kind={kind}")).get_data(as_text=True)
+    link = unfiltered.split('rel="next"')[0].rsplit('href="', 1)[1].split('"')[0]
+    assert f"kind={kind}" in link and "status" not in link  # no filter that was not asked for
     assert (await client.get("/admin/ui/runs?kind=" + "k" * 201)).status_code == 422
 
 
