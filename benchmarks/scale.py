@@ -19,11 +19,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import sys
 import time
 import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -66,43 +69,48 @@ def drain_rate(namespace: str, url: str, window_s: float) -> float:
     return float((figures["runs"] - 1) / figures["elapsed_s"])
 
 
-async def at_backlog(backlog: int, window_s: float) -> dict[str, float]:
+@dataclass
+class Fresh:
+    """A private redis-server with one namespace, an Agent on it, and the memory it used before."""
+
+    url: str
+    redis: Redis
+    namespace: str
+    client: ClientAgent
+    before_bytes: int
+
+
+@contextlib.asynccontextmanager
+async def fresh_redis() -> AsyncIterator[Fresh]:
     server = RedisServer()
+    redis = Redis.from_url(server.url)
     try:
-        redis = Redis.from_url(server.url)
         namespace = f"scale-{uuid.uuid4().hex[:8]}"
         async with Agent(AgentSettings(redis_url=server.url, namespace=namespace)) as agent:
             client = ClientAgent(agent)
             await client.enqueue_many([Noop()], "bench")  # loads the scripts
-            before = await used_memory(redis)
-            await enqueue_all(client, backlog, defer_s=BACKLOG_DEFER_S)
-            queued_job_bytes = (await used_memory(redis) - before) / backlog
-            enqueue_per_s = await enqueue_all(client, MEASURED_JOBS)
-        drain_per_s = drain_rate(namespace, server.url, window_s)
-        await redis.aclose()
-        return {"enqueue_per_s": round(enqueue_per_s), "drain_per_s": round(drain_per_s),
-                "queued_job_bytes": round(queued_job_bytes)}
+            yield Fresh(server.url, redis, namespace, client, await used_memory(redis))
     finally:
+        await redis.aclose()
         server.stop()
+
+
+async def at_backlog(backlog: int, window_s: float) -> dict[str, float]:
+    async with fresh_redis() as fresh:
+        await enqueue_all(fresh.client, backlog, defer_s=BACKLOG_DEFER_S)
+        queued_job_bytes = (await used_memory(fresh.redis) - fresh.before_bytes) / backlog
+        enqueue_per_s = await enqueue_all(fresh.client, MEASURED_JOBS)
+        drain_per_s = drain_rate(fresh.namespace, fresh.url, window_s)
+    return {"enqueue_per_s": round(enqueue_per_s), "drain_per_s": round(drain_per_s),
+            "queued_job_bytes": round(queued_job_bytes)}
 
 
 async def finished_state_bytes() -> float:
-    server = RedisServer()
-    try:
-        redis = Redis.from_url(server.url)
-        namespace = f"scale-{uuid.uuid4().hex[:8]}"
-        async with Agent(AgentSettings(redis_url=server.url, namespace=namespace)) as agent:
-            client = ClientAgent(agent)
-            await client.enqueue_many([Noop()], "bench")
-            before = await used_memory(redis)
-            await enqueue_all(client, FINISHED_JOBS)
-            proc = spawn_worker("agent", namespace, server.url, burst=True)
-            proc.communicate(timeout=600)
-            after = await used_memory(redis)
-        await redis.aclose()
-        return (after - before) / FINISHED_JOBS
-    finally:
-        server.stop()
+    async with fresh_redis() as fresh:
+        await enqueue_all(fresh.client, FINISHED_JOBS)
+        proc = spawn_worker("agent", fresh.namespace, fresh.url, burst=True)
+        proc.communicate(timeout=600)
+        return (await used_memory(fresh.redis) - fresh.before_bytes) / FINISHED_JOBS
 
 
 async def main(args: argparse.Namespace) -> None:

@@ -31,8 +31,8 @@ SERVER_NOW = "now"
 
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    """What one claim took: (engine job id, score) pairs, and what to wait for next (None: claim
-    again at once, more is due)."""
+    """What one claim took: (engine job id, score) pairs, and claim_batch.lua's `next` (the next
+    deferred job's score, 0 if none, or _MORE_DUE / _READ_LIMIT_FULL; next_wait reads it)."""
 
     jobs: list[tuple[str, int]]
     next_ms: int

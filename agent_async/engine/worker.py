@@ -200,11 +200,6 @@ class FastWorker(StoppableWorker):
         cron_runs = [job.next_run for job in self.cron_jobs]
         await self.heart_beat()
         ticked = cron_runs != [job.next_run for job in self.cron_jobs]
-        free = self.max_jobs - self.job_counter
-        if self.burst and self.max_burst_jobs >= 0:
-            free = min(free, self.max_burst_jobs - self._jobs_started())
-            if free < 1:
-                return
         if claimed is not None:
             self._wait = await self._start(claimed)
             if ticked and self._wait is not None and self._wait.kind is Idle.WORK:
@@ -212,6 +207,11 @@ class FastWorker(StoppableWorker):
                 # next-deferred time misses the tick. Claim again now, which sees it.
                 self._wait = None
         else:
+            free = self.max_jobs - self.job_counter
+            if self.burst and self.max_burst_jobs >= 0:
+                free = min(free, self.max_burst_jobs - self._jobs_started())
+                if free < 1:
+                    return
             self._wait = await self._claim(free) if self.allow_pick_jobs else Wait(Idle.STOP)
         if self.allow_abort_jobs:
             await self._cancel_aborted_jobs()

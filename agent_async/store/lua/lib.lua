@@ -159,7 +159,7 @@ local function end_job(state, active, leases, job_id, status, now, retention_s, 
   -- event carries (nothing below changes the name, user or attempts).
   local h = redis.call('HMGET', state, 'gate', 'group', 'name', 'status', 'started_ms', 'user', 'attempts', 'error')
   local fields = {'status', status, 'updated_ms', now, 'finished_ms', now}
-  if err and err ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = err end
+  if err and err ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = err; h[8] = err end
   redis.call('HSET', state, unpack(fields))
   redis.call('ZREM', active, job_id)
   redis.call('ZREM', leases, job_id)
@@ -170,7 +170,6 @@ local function end_job(state, active, leases, job_id, status, now, retention_s, 
   redis.call('HINCRBY', counts, name .. '|' .. status, 1); redis.call('EXPIRE', counts, retention_s + 3600)
   local prefix, cutoff = string.sub(state, 1, -#job_id - 1), now - retention_s * 1000
   prune(idx_key(active, 'status:' .. status), prefix, cutoff); prune(idx_key(active, 'name:' .. name), prefix, cutoff)
-  if err and err ~= '' then h[8] = err end
   emit_known(job_id, status, now, name, h[6], h[7], h[8])
   metric('fin|' .. name .. '|' .. status)
   if h[4] == 'STARTED' then
