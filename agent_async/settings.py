@@ -87,6 +87,9 @@ class AgentSettings:
     # Longest such block: the pause after which an idle worker looks at the queue anyway (a job
     # that arq itself gives back when its in-progress key expires signals nobody).
     worker_max_block_s: float = 5.0
+    # Group commit (fast worker only): the pickup and finish transactions of jobs that start or end
+    # together go out as one MULTI/EXEC (agent_async.engine.transactions). Off: one per job.
+    worker_coalesce: bool = True
 
     ENV = {
         "redis_url": "AGENT_REDIS_URL",
@@ -115,6 +118,7 @@ class AgentSettings:
         "log_format": "AGENT_LOG_FORMAT",
         "worker_push_wakeup": "AGENT_WORKER_PUSH_WAKEUP",
         "worker_max_block_s": "AGENT_WORKER_MAX_BLOCK_SECONDS",
+        "worker_coalesce": "AGENT_WORKER_COALESCE",
     }
 
     def __post_init__(self) -> None:

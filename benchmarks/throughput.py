@@ -125,7 +125,8 @@ async def worker_main(kind: str, namespace: str, redis_url: str, burst: bool) ->
         await worker.main()
         await worker.close()
     else:
-        agent = Agent(AgentSettings(redis_url=redis_url, namespace=namespace))
+        # agent_one_tx: the fast worker with group commit off, one MULTI/EXEC per pickup and finish.
+        agent = Agent(AgentSettings(redis_url=redis_url, namespace=namespace, worker_coalesce=kind == "agent"))
         await agent.run_worker(burst=burst)  # poll_delay and max_jobs: the same defaults as above
     # From the first run to the last: the time to run len(_RUNS) - 1 more jobs.
     print(json.dumps({"elapsed_s": _RUNS[-1] - _RUNS[0] if len(_RUNS) > 1 else 0.0, "runs": len(_RUNS)}))
@@ -274,14 +275,16 @@ async def main(args: argparse.Namespace) -> None:
         arq_round = await bare_arq(args.jobs, args.redis_url, redis, latency=last)
         agent_round = await agent_side(args.jobs, args.redis_url, redis, latency=last)
         cli_round = await agent_side(args.jobs, args.redis_url, redis, latency=False, kind="agent_arq_cli")
+        one_tx_round = await agent_side(args.jobs, args.redis_url, redis, latency=False, kind="agent_one_tx")
         ratio = agent_round["jobs_per_s"] / arq_round["jobs_per_s"]
         cli_ratio = cli_round["jobs_per_s"] / arq_round["jobs_per_s"]
         print(f"round {i + 1}: bare arq {arq_round['jobs_per_s']:6.0f} jobs/s, agent_async "
               f"{agent_round['jobs_per_s']:6.0f} jobs/s ({agent_round['succeeded']:.0f}/{args.jobs} SUCCESS), "
               f"ratio {ratio:.3f}; under arq's own Worker {cli_round['jobs_per_s']:6.0f} jobs/s "
-              f"({cli_round['succeeded']:.0f}/{args.jobs} SUCCESS), ratio {cli_ratio:.3f}")
-        rounds.append((arq_round, agent_round, ratio, cli_ratio))
-    arq_figures, agent_figures, _, _ = rounds[-1]
+              f"({cli_round['succeeded']:.0f}/{args.jobs} SUCCESS), ratio {cli_ratio:.3f}; group commit off "
+              f"{one_tx_round['jobs_per_s']:6.0f} jobs/s ({one_tx_round['succeeded']:.0f}/{args.jobs} SUCCESS)")
+        rounds.append((arq_round, agent_round, ratio, cli_ratio, one_tx_round))
+    arq_figures, agent_figures, _, _, one_tx_figures = rounds[-1]
     print(f"bare arq:    start p50 {arq_figures['start_latency_p50_ms']:.2f} ms, "
           f"{arq_figures['enqueue_cmds_per_job']:.1f} enqueue + {arq_figures['run_cmds_per_job']:.1f} run cmds/job")
     print(f"agent_async: start p50 {agent_figures['start_latency_p50_ms']:.2f} ms, "
@@ -298,6 +301,10 @@ async def main(args: argparse.Namespace) -> None:
         "ratio_per_round": [round(r[2], 3) for r in rounds],
         # The same jobs under `arq app.worker.WorkerSettings` (arq's stock Worker, hooks write the states).
         "ratio_arq_cli_worker": round(statistics.median(r[3] for r in rounds), 3),
+        # The fast worker against itself with AGENT_WORKER_COALESCE=false (one MULTI/EXEC per job's
+        # pickup and finish), paired per round.
+        "coalesce_gain": round(statistics.median(r[1]["jobs_per_s"] / r[4]["jobs_per_s"] for r in rounds), 3),
+        "agent_one_tx_cmds_per_job": r2(one_tx_figures["enqueue_cmds_per_job"] + one_tx_figures["run_cmds_per_job"]),
         "enqueue_p50_ms": r2(agent_figures["enqueue_p50_ms"]),
         "enqueue_p99_ms": r2(agent_figures["enqueue_p99_ms"]),
         "start_latency_p50_ms": r2(agent_figures["start_latency_p50_ms"]),
@@ -317,7 +324,7 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=5000)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--redis-url", default=os.environ.get("AGENT_REDIS_URL", "redis://127.0.0.1:6379/0"))
-    parser.add_argument("--worker", choices=["arq", "agent", "agent_arq_cli"])
+    parser.add_argument("--worker", choices=["arq", "agent", "agent_arq_cli", "agent_one_tx"])
     parser.add_argument("--namespace")
     parser.add_argument("--burst", action="store_true")
     cli_args = parser.parse_args()

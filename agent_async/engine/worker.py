@@ -15,12 +15,12 @@ from typing import Any, cast
 
 from arq.connections import ArqRedis
 from arq.worker import Worker
-from redis.asyncio.client import Pipeline
 from redis.exceptions import NoScriptError, RedisError
 
 from agent_async.engine.claim import SERVER_NOW, Claimed, claim_call, next_wait, parse_claim
-from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_PIGGYBACK, Hooks, Piggyback
-from agent_async.engine.wakeup import Idle, Wait, Waker, queue_wake
+from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_PIGGYBACK, Hooks
+from agent_async.engine.transactions import Coalescer, PoolWithScript, PoolWithStart
+from agent_async.engine.wakeup import Idle, Wait, Waker
 from agent_async.engine.wire import EngineNames
 from agent_async.outage import OUTAGE_ERRORS, RedisOutage
 from agent_async.store import ScriptCall, run_script
@@ -43,70 +43,6 @@ _CRON_WAKE_MARGIN_S = 0.01
 # that finish queues the job again (a retry, a shutdown hand-back): then it also wakes a worker.
 _FINISH_SCRIPT: ContextVar[ScriptCall | None] = ContextVar("agent_async_finish_script", default=None)
 _FINISH_WAKE: ContextVar[str | None] = ContextVar("agent_async_finish_wake", default=None)
-
-
-class _PoolWithScript:
-    """arq's pool, except that each transactional pipeline starts with one of our scripts (and,
-    for a finish that queues the job again, a wake-up token)."""
-
-    def __init__(self, pool: ArqRedis, call: ScriptCall | None, wake_key: str | None = None) -> None:
-        self._pool = pool
-        self._call = call
-        self._wake_key = wake_key
-
-    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
-        pipe = self._pool.pipeline(transaction=transaction, shard_hint=shard_hint)
-        if self._call is not None:
-            self._call.queue_on(pipe)
-        if self._wake_key is not None:
-            queue_wake(pipe, self._wake_key)
-        return pipe
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)
-
-
-class _PipelineWithStart:
-    """arq's pickup pipeline with our start script queued first; arq sees only its own replies."""
-
-    def __init__(self, pipe: Pipeline, piggyback: Piggyback) -> None:
-        self._pipe = pipe
-        self._piggyback = piggyback
-        piggyback.call.queue_on(pipe)
-        piggyback.sent = True
-
-    async def __aenter__(self) -> _PipelineWithStart:
-        await self._pipe.__aenter__()
-        return self
-
-    async def __aexit__(self, *exc_info: Any) -> None:
-        await self._pipe.__aexit__(*exc_info)  # type: ignore[no-untyped-call]
-
-    async def execute(self, raise_on_error: bool = True) -> list[Any]:
-        replies = await self._pipe.execute(raise_on_error=False)
-        self._piggyback.reply, rest = replies[0], replies[1:]
-        if raise_on_error:
-            for reply in rest:
-                if isinstance(reply, Exception):
-                    raise reply
-        return list(rest)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pipe, name)
-
-
-class _PoolWithStart:
-    """arq's pool, whose next pipeline carries our start script (see FastWorker.run_job)."""
-
-    def __init__(self, pool: ArqRedis, piggyback: Piggyback) -> None:
-        self._pool = pool
-        self._piggyback = piggyback
-
-    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> _PipelineWithStart:
-        return _PipelineWithStart(self._pool.pipeline(transaction=transaction, shard_hint=shard_hint), self._piggyback)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)
 
 
 class StoppableWorker(Worker):
@@ -168,15 +104,20 @@ class FastWorker(StoppableWorker):
     - The START transition rides on arq's pickup transaction, and the outcome on arq's finish
       transaction: no window in which arq has forgotten a job whose state is not terminal.
     - Jobs that arq drops before running them (no hook is called) are ended in that same finish.
+    - Pickups and finishes of jobs that start or end together go out as one MULTI/EXEC
+      (engine/transactions.py), with no timer.
     It overrides arq internals (_poll_iteration, run_job, finish_job, finish_failed_job,
     _release_sem_dec_counter_on_complete, _sleep_until_tasks_complete, the pool property): arq is
     pinned to 0.28.*, and every worker test runs under both worker kinds.
     """
 
     def __init__(
-        self, *, hooks: Hooks, names: EngineNames, push_wakeup: bool = True, max_block_s: float = 5.0, **kwargs: Any
+        self, *, hooks: Hooks, names: EngineNames, push_wakeup: bool = True, max_block_s: float = 5.0,
+        coalesce: bool = True, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        # Pickups and finishes of jobs that start or end together go out as one MULTI/EXEC.
+        self.coalescer = Coalescer(lambda: cast(ArqRedis, self._pool)) if coalesce else None
         self._hooks = hooks
         self._names = names
         self.ctx[CTX_COMMIT_IN_FINISH] = True
@@ -301,6 +242,10 @@ class FastWorker(StoppableWorker):
     async def close(self) -> None:
         if self._waker is not None:
             await self._waker.close()
+        if self.coalescer is not None and self.coalescer.stats.sends:
+            stats = self.coalescer.stats
+            logger.info("group commit: %d transactions in %d MULTI/EXECs (largest %d, longest wait %.1f ms)",
+                        stats.transactions, stats.sends, stats.largest, stats.longest_wait_ms)
         await super().close()
 
     @property
@@ -308,11 +253,11 @@ class FastWorker(StoppableWorker):
         base = cast(ArqRedis, self._pool)
         start = START_PIGGYBACK.get()
         if start is not None and not start.sent:
-            return cast(ArqRedis, _PoolWithStart(base, start))
+            return cast(ArqRedis, PoolWithStart(base, start, self.coalescer))
         call, wake_key = _FINISH_SCRIPT.get(), _FINISH_WAKE.get()
         if call is None and wake_key is None:
             return base
-        return cast(ArqRedis, _PoolWithScript(base, call, wake_key))
+        return cast(ArqRedis, PoolWithScript(base, call, wake_key, self.coalescer))
 
     async def run_job(self, job_id: str, score: int) -> None:
         # The start transition rides on arq's first transaction of the run (GET job, INCR

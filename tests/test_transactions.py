@@ -1,0 +1,172 @@
+"""Group commit of the fast worker (engine/transactions.py): the pickup and finish transactions of
+jobs that start or end together go out as one MULTI/EXEC, each job's replies and errors are its own,
+a failed send is every member's, and nothing is lost or left waiting."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from arq.connections import ArqRedis
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
+
+from agent_async import Agent, AgentSettings, ClientAgent, JobStatus
+from agent_async.engine.transactions import MAX_BATCH, Coalescer
+from tests.conftest import run_burst
+from tests.faults.conftest import PrivateRedis, free_port
+from tests.jobs import Echo
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A redis-server of the test's own: INFO commandstats then counts this test's commands only."""
+    server = PrivateRedis(tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def pool(private_redis: PrivateRedis) -> AsyncIterator[ArqRedis]:
+    client = ArqRedis.from_url(private_redis.url)
+    yield client
+    await client.aclose()
+
+
+async def exec_calls(redis: Redis) -> int:
+    stats: dict[str, Any] = await redis.info("commandstats")
+    return int(stats.get("cmdstat_exec", {}).get("calls", 0))
+
+
+async def one_transaction(coalescer: Coalescer, key: str, by: int) -> list[Any]:
+    async with coalescer.pipeline() as pipe:
+        pipe.incrby(key, by)
+        pipe.get(key)
+        return await pipe.execute()
+
+
+async def test_transactions_opened_together_go_out_as_one_exec_with_their_own_replies(pool: ArqRedis) -> None:
+    coalescer = Coalescer(lambda: pool)
+    before = await exec_calls(pool)
+    replies = await asyncio.gather(*(one_transaction(coalescer, f"k{i}", i + 1) for i in range(5)))
+    assert replies == [[i + 1, str(i + 1).encode()] for i in range(5)]
+    assert await exec_calls(pool) - before == 1
+    assert (coalescer.stats.transactions, coalescer.stats.sends, coalescer.stats.largest) == (5, 1, 5)
+
+
+async def test_transactions_that_arrive_while_one_is_in_flight_go_out_together_next(pool: ArqRedis) -> None:
+    coalescer = Coalescer(lambda: pool)
+    first = asyncio.create_task(one_transaction(coalescer, "first", 1))
+    await asyncio.sleep(0)  # the first send is on its way
+    await asyncio.sleep(0)
+    rest = [asyncio.create_task(one_transaction(coalescer, f"r{i}", 1)) for i in range(4)]
+    await asyncio.gather(first, *rest)
+    assert coalescer.stats.sends == 2
+    assert coalescer.stats.largest == 4
+    assert [int(await pool.get(f"r{i}") or 0) for i in range(4)] == [1, 1, 1, 1]
+
+
+async def test_a_batch_is_capped_so_redis_is_not_held_for_long(pool: ArqRedis) -> None:
+    coalescer = Coalescer(lambda: pool)
+    await asyncio.gather(*(one_transaction(coalescer, f"c{i}", 1) for i in range(MAX_BATCH + 8)))
+    assert coalescer.stats.sends == 2
+    assert coalescer.stats.largest == MAX_BATCH
+
+
+async def test_one_jobs_error_is_its_own_and_the_others_are_written(pool: ArqRedis) -> None:
+    """An EVALSHA whose script Redis lost fails alone (the fast worker then sends that outcome on
+    its own); the transactions beside it in the same EXEC are applied and answered."""
+    coalescer = Coalescer(lambda: pool)
+
+    async def lost_script() -> list[Any]:
+        async with coalescer.pipeline() as pipe:
+            pipe.execute_command("EVALSHA", "0" * 40, 0)
+            pipe.set("after-lost", "1")
+            return await pipe.execute()
+
+    results = await asyncio.gather(
+        one_transaction(coalescer, "a", 1), lost_script(), one_transaction(coalescer, "b", 2),
+        return_exceptions=True,
+    )
+    assert results[0] == [1, b"1"]
+    assert isinstance(results[1], NoScriptError)
+    assert results[2] == [2, b"2"]
+    # MULTI/EXEC does not roll back: the lost script's own later command went through, as it
+    # would in a transaction of its own.
+    assert await pool.get("after-lost") == b"1"
+    assert coalescer.stats.sends == 1
+
+
+async def test_execute_without_raising_hands_back_each_reply_and_error(pool: ArqRedis) -> None:
+    coalescer = Coalescer(lambda: pool)
+    async with coalescer.pipeline() as pipe:
+        pipe.execute_command("EVALSHA", "0" * 40, 0)
+        pipe.incr("n")
+        first, second = await pipe.execute(raise_on_error=False)
+    assert isinstance(first, NoScriptError)
+    assert second == 1
+
+
+async def test_a_failed_send_fails_every_member_and_leaves_none_waiting() -> None:
+    dead = ArqRedis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.5)
+    coalescer = Coalescer(lambda: dead)
+    try:
+        results = await asyncio.wait_for(
+            asyncio.gather(*(one_transaction(coalescer, f"d{i}", 1) for i in range(3)), return_exceptions=True),
+            timeout=10,
+        )
+    finally:
+        await dead.aclose()
+    assert all(isinstance(r, RedisConnectionError) for r in results), results
+    assert coalescer.stats.sends == 0
+
+
+async def test_a_transaction_cancelled_before_its_send_is_left_out(pool: ArqRedis) -> None:
+    coalescer = Coalescer(lambda: pool)
+    kept = asyncio.create_task(one_transaction(coalescer, "kept", 1))
+    dropped = asyncio.create_task(one_transaction(coalescer, "dropped", 1))
+    await asyncio.sleep(0)  # both are waiting for the send, which has not run yet
+    dropped.cancel()
+    assert await kept == [1, b"1"]
+    with pytest.raises(asyncio.CancelledError):
+        await dropped
+    assert await pool.get("dropped") is None
+    assert coalescer.stats.transactions == 1
+
+
+@pytest.mark.parametrize("coalesce", [True, False])
+async def test_a_backlog_drains_with_fewer_transactions_than_jobs_and_every_outcome_kept(
+    private_redis: PrivateRedis, namespace: str, tmp_path: Path, coalesce: bool
+) -> None:
+    """30 jobs through the fast worker (10 slots): one MULTI/EXEC per pickup and per finish without
+    group commit (60), far fewer with it; the same outcomes either way."""
+    settings = AgentSettings(
+        redis_url=private_redis.url, namespace=namespace, database_url=f"sqlite+aiosqlite:///{tmp_path}/a.db",
+        worker_coalesce=coalesce,
+    )
+    async with Agent(settings) as agent:
+        client = ClientAgent(agent)
+        job_ids = [await client.enqueue(Echo(text=str(i))) for i in range(30)]
+        before = await exec_calls(agent.job_store.redis)
+        await run_burst(agent)
+        execs = await exec_calls(agent.job_store.redis) - before
+        states = [await agent.job_store.get(job_id) for job_id in job_ids]
+    assert [s.status if s else None for s in states] == [JobStatus.SUCCESS] * 30
+    assert [s.result for s in states if s] == [{"echo": str(i), "sum": 0, "user": None} for i in range(30)]
+    if coalesce:
+        assert execs <= 30, f"{execs} MULTI/EXECs for 30 jobs"
+    else:
+        assert execs >= 60, f"{execs} MULTI/EXECs for 30 jobs"
+
+
+async def test_group_commit_is_a_setting(settings: AgentSettings) -> None:
+    assert settings.worker_coalesce is True
+    off = AgentSettings.from_env({"AGENT_WORKER_COALESCE": "false"})
+    assert off.worker_coalesce is False
+    assert dataclasses.replace(settings, worker_coalesce=False).worker_coalesce is False
