@@ -4,23 +4,38 @@ what the worker waits for next (arq's claim is four round trips per job: WATCH, 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
-from arq.constants import in_progress_key_prefix
+from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 
 from agent_async.engine.wakeup import Idle, Wait
 from agent_async.engine.wire import WAKE_CAP, WAKE_SUFFIX, WAKE_TTL_MS
 from agent_async.lifecycle import now_ms
 from agent_async.store import LuaScript, ScriptCall, lua_source
 
-__all__ = ["ENGINE_LUA", "SERVER_NOW", "Claimed", "claim_call", "next_wait", "parse_claim"]
+__all__ = [
+    "CLAIM_WITH_PICKUP", "ENGINE_LUA", "SERVER_NOW", "Claimed", "PickedUp", "Pickup", "claim_call", "next_wait",
+    "parse_claim",
+]
 
 # The engine's Lua library (queue.lua), its constants filled in from wire.py.
 ENGINE_LUA = lua_source(
     "agent_async.engine", "queue.lua",
     {"@WAKE_CAP@": str(WAKE_CAP), "@WAKE_TTL_MS@": str(WAKE_TTL_MS), "@WAKE_SUFFIX@": WAKE_SUFFIX},
 )
-_CLAIM_BATCH = LuaScript(ENGINE_LUA + "\n" + lua_source("agent_async.engine", "claim_batch.lua"), packed=True)
+_CLAIM_BODY = lua_source("agent_async.engine", "claim_batch.lua")
+# arq's run_job keeps a job's tries this long (its literal, arq 0.28 worker.py).
+_ARQ_RETRY_TTL_S = 88400
+# The claim that also picks each job up (pickup.lua): the body a store builds into a script with
+# its own library in front (JobStore.starting_in), since the pickup starts the job too.
+CLAIM_WITH_PICKUP = lua_source(
+    "agent_async.engine", "pickup.lua",
+    {"@JOB_PREFIX@": job_key_prefix, "@RETRY_PREFIX@": retry_key_prefix, "@RETRY_TTL_S@": str(_ARQ_RETRY_TTL_S)},
+) + "\n" + _CLAIM_BODY
+_CLAIM_BATCH = LuaScript(
+    ENGINE_LUA + "\n" + lua_source("agent_async.engine", "no_pickup.lua") + "\n" + _CLAIM_BODY, packed=True
+)
 # claim_batch.lua's first reply element, when it is not the score of the next deferred job.
 _MORE_DUE = -1
 _READ_LIMIT_FULL = -2
@@ -29,28 +44,60 @@ _READ_LIMIT_FULL = -2
 SERVER_NOW = "now"
 
 
+@dataclass(slots=True)
+class PickedUp:
+    """A claimed job that the claim also picked up (pickup.lua): the replies arq's pickup
+    transaction would have had (the job, its tries, whether it was aborted), the START's reply,
+    and whether arq's pickup has been answered with them yet."""
+
+    job: bytes | None
+    tries: int
+    aborted: int
+    start: Any
+    answered: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Claimed:
-    """What one claim took: (engine job id, score) pairs, and claim_batch.lua's `next` (the next
-    deferred job's score, 0 if none, or _MORE_DUE / _READ_LIMIT_FULL; next_wait reads it)."""
+    """What one claim took: (engine job id, score) pairs, the pickups it did by engine job id, and
+    claim_batch.lua's `next` (the next deferred job's score, 0 if none, or _MORE_DUE /
+    _READ_LIMIT_FULL; next_wait reads it)."""
 
     jobs: list[tuple[str, int]]
     next_ms: int
+    picked: dict[str, PickedUp] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Pickup:
+    """The claim that picks up what it claims: its script (built by the store, CLAIM_WITH_PICKUP)
+    and pickup.lua's arguments (this namespace's engine id prefix, the store's part
+    (JobStore.starting_in), arq's abort set or '')."""
+
+    script: LuaScript
+    args: tuple[str | int, ...]
 
 
 def claim_call(
-    queue: str, wake_key: str, *, wanted: int, ttl_ms: int, read_limit: int, at: int | str | None = None
+    queue: str, wake_key: str, *, wanted: int, ttl_ms: int, read_limit: int, at: int | str | None = None,
+    pickup: Pickup | None = None,
 ) -> ScriptCall:
     """The claim of up to `wanted` due jobs, due as of `at` (now by default; SERVER_NOW: Redis's
-    clock when the script runs)."""
-    return _CLAIM_BATCH(
-        [queue, wake_key], [now_ms() if at is None else at, ttl_ms, in_progress_key_prefix, wanted, read_limit]
-    )
+    clock when the script runs); with `pickup`, each of this namespace's jobs is picked up too."""
+    args = [now_ms() if at is None else at, ttl_ms, in_progress_key_prefix, wanted, read_limit]
+    if pickup is None:
+        return _CLAIM_BATCH([queue, wake_key], args)
+    return pickup.script([queue, wake_key], [*args, *pickup.args])
 
 
-def parse_claim(reply: Sequence[bytes | int]) -> Claimed:
-    jobs = [(bytes(reply[i]).decode(), int(float(reply[i + 1]))) for i in range(1, len(reply), 2)]
-    return Claimed(jobs, int(reply[0]))
+def parse_claim(reply: Sequence[Any]) -> Claimed:
+    jobs, picked = [], {}
+    for i in range(1, len(reply), 3):
+        engine_id = bytes(reply[i]).decode()
+        jobs.append((engine_id, int(float(reply[i + 1]))))
+        if (p := reply[i + 2]) is not None:
+            picked[engine_id] = PickedUp(p[0], int(p[1]), int(p[2]), p[3])
+    return Claimed(jobs, int(reply[0]), picked)
 
 
 def next_wait(claimed: Claimed, *, slots_full: bool) -> Wait | None:

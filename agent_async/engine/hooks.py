@@ -1,8 +1,8 @@
 """arq's hooks: the one place where JobState transitions are driven, on both worker kinds.
 
 - `on_job_start`: the START transition (PENDING/RETRY -> STARTED, attempts + 1, lease). On the
-  fast worker it rides arq's pickup transaction; here its reply is read (or, under arq's stock
-  Worker, the transition is sent).
+  fast worker the claim did it (engine/lua/pickup.lua); here its reply is read (or, under arq's
+  stock Worker, the transition is sent).
 - the job function (`job_entry`): runs the attempt through the JobHandler and keeps its Outcome
   in arq's per-job ctx, since no arq hook sees a job's result or exception.
 - `on_job_end`: the outcome (SUCCESS, FAILURE, CANCELED, RETRY, or a hand-back). It runs before
@@ -21,13 +21,14 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from arq.constants import abort_jobs_ss
 from arq.worker import Retry
 from redis.asyncio import Redis
 
+from agent_async.engine.claim import CLAIM_WITH_PICKUP, Pickup
 from agent_async.engine.wire import EngineNames, dropped_from_result
 from agent_async.errors import AgentError
 from agent_async.lifecycle import JobStatus, Outcome, StartDecision, dropped_outcome, interrupted_outcome
@@ -37,7 +38,7 @@ from agent_async.registry import JobRegistry
 from agent_async.schedules.scheduler import FireResult
 from agent_async.store import JobStore, ScriptCall
 
-__all__ = ["Hooks", "JobHandler", "Piggyback", "ScheduleTicker"]
+__all__ = ["START_REPLY", "Hooks", "JobHandler", "ScheduleTicker"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,18 +77,9 @@ class ScheduleTicker(Protocol):
     async def tick_overrides(self, at: datetime) -> dict[str, FireResult]: ...
 
 
-@dataclass(eq=False)
-class Piggyback:
-    """A script riding on the next transaction arq opens in this task, and its reply."""
-
-    call: ScriptCall
-    sent: bool = False
-    reply: Any = None
-
-
-# The start transition riding on arq's pickup transaction, set only while the fast worker's
-# run_job runs; on_job_start reads the reply from it.
-START_PIGGYBACK: ContextVar[Piggyback | None] = ContextVar("agent_async_start", default=None)
+# The reply of the START transition the fast worker's claim made for this job (pickup.lua), set
+# only while its run_job runs; on_job_start reads it. None: not started yet (or it failed there).
+START_REPLY: ContextVar[Any] = ContextVar("agent_async_start_reply", default=None)
 
 
 class Hooks:
@@ -129,12 +121,12 @@ class Hooks:
             ctx[_CTX_DECISION] = StartDecision(run=False, reason="cron tick")
             return
         job_id = self._names.job_id(engine_id)
-        piggyback = START_PIGGYBACK.get()
+        started = START_REPLY.get()
         try:
             if job_id is None:
                 ctx[_CTX_DECISION] = StartDecision(run=False, reason="not a job of this namespace")
-            elif piggyback is not None and piggyback.sent and not isinstance(piggyback.reply, Exception):
-                ctx[_CTX_DECISION] = self._store.parse_start(piggyback.reply)
+            elif started is not None:
+                ctx[_CTX_DECISION] = self._store.parse_start(started)
             else:
                 ctx[_CTX_DECISION] = await self._store.start(job_id)
         except Exception:
@@ -222,12 +214,17 @@ class Hooks:
 
     # -- the fast worker's finish transactions ----------------------------------------------
 
-    def start_piggyback(self, engine_id: str) -> Piggyback | None:
-        """The start transition to send inside arq's pickup transaction of this job, if it is ours."""
+    def claim_pickup(self, *, aborts: bool) -> Pickup:
+        """The claim that also picks up and starts each of this namespace's jobs (pickup.lua)."""
+        script, store_args = self._store.starting_in(CLAIM_WITH_PICKUP)
+        return Pickup(script, (self._names.engine_job_id(""), *store_args, abort_jobs_ss if aborts else ""))
+
+    async def hand_back(self, engine_id: str) -> None:
+        """Undo the start the claim made for a job that never ran here (its task was cancelled
+        before it began): the state goes back to PENDING, attempts as they were."""
         job_id = self._names.job_id(engine_id)
-        if job_id is None or self._names.is_cron_tick(engine_id):
-            return None
-        return Piggyback(self._store.start_call(job_id))
+        if job_id is not None:
+            await self._store.run(self._store.transition_call(job_id, JobStatus.PENDING, undo_start=True))
 
     def take_commit(self, engine_id: str) -> ScriptCall | None:
         """The outcome on_job_end left for arq's finish transaction of this job."""

@@ -1,11 +1,12 @@
-"""arq's per-job transactions as the fast worker sends them: with our scripts inside, and the
-transactions of jobs that start or end together sent as one MULTI/EXEC.
+"""arq's per-job transactions as the fast worker sends them: the pickup answered from the claim,
+our outcome inside the finish, and the finishes of jobs that end together sent as one MULTI/EXEC.
 
 arq opens one transaction to pick a job up (GET job, INCR tries) and one to finish it (delete its
-keys, store its result). The fast worker puts its START script in front of the first and the outcome
-in front of the second, so each job still costs two round trips. Under load many jobs pick up and
-finish at nearly the same moment: the `Coalescer` sends theirs as one transaction (group commit, as
-databases do for their log). No library does this for redis-py, hence ours.
+keys, store its result). The fast worker's claim already did the pickup (pickup.lua, with the START
+transition): arq's pickup is answered from the claim's reply (`PoolWithPickup`). The outcome goes in
+front of arq's finish (`PoolWithScript`). Under load many jobs finish at nearly the same moment: the
+`Coalescer` sends theirs as one transaction (group commit, as databases do for their log). No
+library does this for redis-py, hence ours.
 
 It adds no timer: a transaction goes out at the next turn of the event loop if nothing is in flight,
 else as soon as the one in flight is answered, together with every other that came meanwhile. The
@@ -25,15 +26,20 @@ from typing import Any
 from arq.connections import ArqRedis
 from redis.asyncio.client import Pipeline
 
-from agent_async.engine.hooks import Piggyback
+from agent_async.engine.claim import PickedUp
 from agent_async.engine.wakeup import queue_wake
+from agent_async.errors import AgentError
 from agent_async.store import ScriptCall
 
-__all__ = ["Coalescer", "CoalescerStats", "PoolWithScript", "PoolWithStart"]
+__all__ = ["Coalescer", "CoalescerStats", "PoolWithPickup", "PoolWithScript"]
 
 # Jobs per MULTI/EXEC at most: Redis runs a transaction without serving anyone else, and a job's
 # scripts cost it about 70 µs, so a batch stays near a few ms however many slots a worker has.
 MAX_BATCH = 32
+
+# What arq's run_job stages first: GET the job, INCR (redis-py's INCRBY 1) and EXPIRE its tries,
+# then ZREM it from the abort set if aborts are on.
+_ARQ_PICKUP = ["GET", "INCRBY", "EXPIRE"]
 
 # (args, options) as redis-py stages a command on a pipeline.
 Command = tuple[tuple[str | bytes, ...], Mapping[str, Any]]
@@ -168,49 +174,42 @@ class PoolWithScript:
         return getattr(self._pool, name)
 
 
-class _PipelineWithStart:
-    """arq's pickup pipeline with our start script queued first; arq sees only its own replies."""
+class _AnsweredPickup:
+    """arq's pickup transaction of a job the claim already picked up: arq stages its commands, and
+    gets the replies the claim had for them, without a round trip."""
 
-    def __init__(self, pipe: Pipeline, piggyback: Piggyback) -> None:
+    def __init__(self, pipe: Pipeline, picked: PickedUp) -> None:
         self._pipe = pipe
-        self._piggyback = piggyback
-        piggyback.call.queue_on(pipe)
-        piggyback.sent = True
+        self._picked = picked
 
-    async def __aenter__(self) -> _PipelineWithStart:
-        await self._pipe.__aenter__()
+    async def __aenter__(self) -> _AnsweredPickup:
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
-        await self._pipe.__aexit__(*exc_info)  # type: ignore[no-untyped-call]
+        await self._pipe.reset()  # type: ignore[no-untyped-call]
 
     async def execute(self, raise_on_error: bool = True) -> list[Any]:
-        replies = await self._pipe.execute(raise_on_error=False)
-        self._piggyback.reply, rest = replies[0], replies[1:]
-        if raise_on_error:
-            for reply in rest:
-                if isinstance(reply, Exception):
-                    raise reply
-        return list(rest)
+        staged = [str(args[0]).upper() for args, _ in self._pipe.command_stack]
+        if staged not in (_ARQ_PICKUP, [*_ARQ_PICKUP, "ZREM"]):
+            # arq is pinned to 0.28.*: this is a newer arq whose pickup the claim does not match.
+            raise AgentError(f"arq's pickup transaction is not what the claim did for it: {staged}")
+        self._picked.answered = True
+        replies = [self._picked.job, self._picked.tries, True, self._picked.aborted]
+        return replies[:len(staged)]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pipe, name)
 
 
-class PoolWithStart:
-    """arq's pool, whose next pipeline carries our start script (see FastWorker.run_job)."""
+class PoolWithPickup:
+    """arq's pool, whose next pipeline is the pickup the claim already did (see pickup.lua)."""
 
-    def __init__(self, pool: ArqRedis, piggyback: Piggyback, coalescer: Coalescer | None = None) -> None:
+    def __init__(self, pool: ArqRedis, picked: PickedUp) -> None:
         self._pool = pool
-        self._piggyback = piggyback
-        self._coalescer = coalescer
+        self._picked = picked
 
-    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> _PipelineWithStart:
-        if transaction and self._coalescer is not None:
-            pipe = self._coalescer.pipeline()
-        else:
-            pipe = self._pool.pipeline(transaction=transaction, shard_hint=shard_hint)
-        return _PipelineWithStart(pipe, self._piggyback)
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> _AnsweredPickup:
+        return _AnsweredPickup(self._pool.pipeline(transaction=transaction, shard_hint=shard_hint), self._picked)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._pool, name)

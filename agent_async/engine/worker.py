@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import signal
 import time
@@ -14,12 +15,13 @@ from signal import Signals
 from typing import Any, cast
 
 from arq.connections import ArqRedis
+from arq.constants import in_progress_key_prefix
 from arq.worker import Worker
 from redis.exceptions import NoScriptError, RedisError
 
-from agent_async.engine.claim import SERVER_NOW, Claimed, claim_call, next_wait, parse_claim
-from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_PIGGYBACK, Hooks
-from agent_async.engine.transactions import Coalescer, PoolWithScript, PoolWithStart
+from agent_async.engine.claim import SERVER_NOW, Claimed, PickedUp, claim_call, next_wait, parse_claim
+from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_REPLY, Hooks
+from agent_async.engine.transactions import Coalescer, PoolWithPickup, PoolWithScript
 from agent_async.engine.wakeup import Idle, Wait, Waker
 from agent_async.engine.wire import EngineNames
 from agent_async.outage import OUTAGE_ERRORS, RedisOutage
@@ -43,6 +45,8 @@ _CRON_WAKE_MARGIN_S = 0.01
 # that finish queues the job again (a retry, a shutdown hand-back): then it also wakes a worker.
 _FINISH_SCRIPT: ContextVar[ScriptCall | None] = ContextVar("agent_async_finish_script", default=None)
 _FINISH_WAKE: ContextVar[str | None] = ContextVar("agent_async_finish_wake", default=None)
+# The pickup the claim did for the job whose run_job runs (answers arq's pickup transaction).
+_PICKED: ContextVar[PickedUp | None] = ContextVar("agent_async_picked", default=None)
 
 
 class StoppableWorker(Worker):
@@ -63,14 +67,16 @@ class StoppableWorker(Worker):
         super().handle_sig(signum)
 
     async def close(self) -> None:
-        if self._handle_signals:
-            # arq's close() gathers its job tasks and lets the first error out, cutting the wait
-            # short: on_shutdown would interrupt jobs about to end. Wait for all of them first (a
-            # failed one is settled by the reconciler; without signals arq cancels them at once).
-            for error in await asyncio.gather(*self.tasks.values(), return_exceptions=True):
-                if isinstance(error, Exception):
-                    logger.warning("a job task ended with an error while the worker closed: %r", error)
-            self.tasks.clear()
+        if not self._handle_signals:
+            self.handle_sig(signal.SIGUSR1)  # how arq's close() starts without signals: cancel what runs
+        # arq's close() gathers its job tasks and lets the first error out, cutting the wait short:
+        # on_shutdown would interrupt jobs about to end, or be skipped (a task cancelled before it
+        # began raises CancelledError). Wait for all of them first (a failed one is settled by
+        # the reconciler).
+        for error in await asyncio.gather(*self.tasks.values(), return_exceptions=True):
+            if isinstance(error, Exception):
+                logger.warning("a job task ended with an error while the worker closed: %r", error)
+        self.tasks.clear()
         try:
             await super().close()
         except OUTAGE_ERRORS as exc:
@@ -101,11 +107,12 @@ class FastWorker(StoppableWorker):
       arq's four-step optimistic transaction per job.
     - While idle it blocks in Redis on the queue's wake list instead of polling (push wake-up,
       docs/performance.md), bounded by the next deferred job, retry or cron tick.
-    - The START transition rides on arq's pickup transaction, and the outcome on arq's finish
-      transaction: no window in which arq has forgotten a job whose state is not terminal.
+    - The claim also picks each job up and makes its START transition (engine/lua/pickup.lua):
+      arq's pickup transaction is answered from the claim's reply. The outcome rides on arq's
+      finish transaction: no window in which arq has forgotten a job whose state is not terminal.
     - Jobs that arq drops before running them (no hook is called) are ended in that same finish.
-    - Pickups and finishes of jobs that start or end together go out as one MULTI/EXEC
-      (engine/transactions.py), with no timer.
+    - Finishes of jobs that end together go out as one MULTI/EXEC (engine/transactions.py),
+      with no timer.
     It overrides arq internals (_poll_iteration, run_job, finish_job, finish_failed_job,
     _release_sem_dec_counter_on_complete, _sleep_until_tasks_complete, the pool property): arq is
     pinned to 0.28.*, and every worker test runs under both worker kinds.
@@ -116,7 +123,7 @@ class FastWorker(StoppableWorker):
         coalesce: bool = True, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        # Pickups and finishes of jobs that start or end together go out as one MULTI/EXEC.
+        # Finishes of jobs that end together go out as one MULTI/EXEC.
         self.coalescer = Coalescer(lambda: cast(ArqRedis, self._pool)) if coalesce else None
         self._hooks = hooks
         self._names = names
@@ -131,6 +138,11 @@ class FastWorker(StoppableWorker):
         self._wait: Wait | None = None
         self._waker: Waker | None = None
         self._slot_freed = asyncio.Event()
+        # What the claims picked up, until each job's run_job takes its own (see run_job).
+        self._pickup = hooks.claim_pickup(aborts=self.allow_abort_jobs)
+        self._picked: dict[str, PickedUp] = {}
+        self._hand_backs: set[asyncio.Task[None]] = set()
+        self._on_shutdown, self.on_shutdown = self.on_shutdown, self._on_shutdown_after_hand_backs
 
     async def _poll_iteration(self) -> None:
         """arq's iteration, with the claims as one script per batch and, with push wake-up, the
@@ -164,7 +176,7 @@ class FastWorker(StoppableWorker):
     def _claim_call(self, free: int, at: int | str | None = None) -> ScriptCall:
         return claim_call(
             self.queue_name, self._names.wake_key, wanted=free, ttl_ms=int(self.in_progress_timeout_s * 1000),
-            read_limit=self.queue_read_limit, at=at,
+            read_limit=self.queue_read_limit, at=at, pickup=self._pickup,
         )
 
     async def _claim(self, free: int) -> Wait | None:
@@ -174,13 +186,34 @@ class FastWorker(StoppableWorker):
         return await self._start(parse_claim(await run_script(self.pool, self._claim_call(free))))
 
     async def _start(self, claimed: Claimed) -> Wait | None:
+        self._picked.update(claimed.picked)
         for job_id, score in claimed.jobs:
             await self.sem.acquire()  # never waits: at most `free` jobs were claimed
             self.job_counter += 1
             task = self.loop.create_task(self.run_job(job_id, score))
-            task.add_done_callback(lambda _: self._release_sem_dec_counter_on_complete())
+            task.add_done_callback(functools.partial(self._job_task_done, job_id))
             self.tasks[job_id] = task
         return next_wait(claimed, slots_full=self.job_counter >= self.max_jobs)
+
+    def _job_task_done(self, job_id: str, _: object) -> None:
+        self._release_sem_dec_counter_on_complete()
+        if self._picked.pop(job_id, None) is not None:
+            # Cancelled before run_job began (a stop right after the claim): the claim started
+            # it, nothing ran it. Undo that before arq closes its pool (_on_shutdown_after_hand_backs).
+            self._hand_backs.add(self.loop.create_task(self._hand_back(job_id)))
+
+    async def _hand_back(self, job_id: str) -> None:
+        try:
+            await self._hooks.hand_back(job_id)
+            await cast(ArqRedis, self._pool).delete(in_progress_key_prefix + job_id)  # claimable again
+        except Exception as exc:  # the lease runs out and recovery settles it
+            logger.warning("job %s was claimed but never ran; handing it back failed: %r", job_id, exc)
+
+    async def _on_shutdown_after_hand_backs(self, ctx: dict[str, Any]) -> None:
+        if self._hand_backs:
+            await asyncio.gather(*self._hand_backs)
+        if self._on_shutdown is not None:
+            await self._on_shutdown(ctx)
 
     def _release_sem_dec_counter_on_complete(self) -> None:
         super()._release_sem_dec_counter_on_complete()
@@ -251,27 +284,29 @@ class FastWorker(StoppableWorker):
     @property
     def pool(self) -> ArqRedis:
         base = cast(ArqRedis, self._pool)
-        start = START_PIGGYBACK.get()
-        if start is not None and not start.sent:
-            return cast(ArqRedis, PoolWithStart(base, start, self.coalescer))
+        picked = _PICKED.get()
+        if picked is not None and not picked.answered:
+            return cast(ArqRedis, PoolWithPickup(base, picked))
         call, wake_key = _FINISH_SCRIPT.get(), _FINISH_WAKE.get()
         if call is None and wake_key is None:
             return base
         return cast(ArqRedis, PoolWithScript(base, call, wake_key, self.coalescer))
 
     async def run_job(self, job_id: str, score: int) -> None:
-        # The start transition rides on arq's first transaction of the run (GET job, INCR
-        # tries): one round trip less per job. If arq then drops the job before running it,
-        # finish_failed_job ends the state.
-        piggyback = self._hooks.start_piggyback(job_id)
-        if piggyback is None:
+        # The claim picked the job up and started it (pickup.lua): arq's pickup transaction (GET
+        # job, INCR tries) is answered from the claim's reply, with no round trip, and on_job_start
+        # reads the start's. If arq then drops the job before running it, finish_failed_job ends
+        # the state. A cron tick, or a job not of this namespace, arq picks up itself.
+        picked = self._picked.pop(job_id, None)
+        if picked is None:
             await super().run_job(job_id, score)
             return
-        token = START_PIGGYBACK.set(piggyback)
+        tokens = _PICKED.set(picked), START_REPLY.set(picked.start)
         try:
             await super().run_job(job_id, score)
         finally:
-            START_PIGGYBACK.reset(token)
+            _PICKED.reset(tokens[0])
+            START_REPLY.reset(tokens[1])
             # Its outcome is written (finish_job waits for Redis) or left to recovery.
             self._hooks.release(job_id)
 

@@ -23,7 +23,7 @@ from agent_async.errors import (
 )
 from agent_async.lifecycle import JobStatus, StartDecision, now_ms
 from agent_async.state import JobState
-from agent_async.store import codec
+from agent_async.store import codec, scripts
 from agent_async.store.keys import KeySpace
 from agent_async.store.schema import CANCEL_REQUESTED_FIELD, state_from_hash, state_to_hash
 from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_source, run_script, store_script
@@ -96,13 +96,7 @@ class JobStore:
     """
 
     def __init__(
-        self,
-        *,
-        keys: KeySpace,
-        retention_s: int,
-        lease_ms: int,
-        engine_lua: str,
-        events: bool = True,
+        self, *, keys: KeySpace, retention_s: int, lease_ms: int, engine_lua: str, events: bool = True,
         metrics: bool = True,
     ) -> None:
         self.keys = keys
@@ -112,6 +106,8 @@ class JobStore:
         self.retention_s = retention_s
         self.lease_ms = lease_ms
         self._redis: Redis | None = None
+        self._engine_lua = engine_lua
+
         def script(name: str, *, packed: bool = False) -> LuaScript:
             return store_script(name, engine_lua, events_key=events_key, metrics_key=metrics_key, packed=packed)
 
@@ -224,6 +220,15 @@ class JobStore:
         return self._start(
             [k.state(job_id), k.active_index, k.leases], [job_id, now, now + self.lease_ms, self.retention_s]
         )
+
+    def starting_in(self, body: str) -> tuple[LuaScript, tuple[str | int, ...]]:
+        """The engine's script `body`, which starts the jobs it hands out (lib.lua's start_job), and what
+        start_job needs: state key prefix, active index, leases, lease ms, retention s."""
+        script = scripts.with_store_lib(
+            body, self._engine_lua, events_key=self.events_key, metrics_key=self.metrics_key, packed=True
+        )
+        k = self.keys
+        return script, (k.state(""), k.active_index, k.leases, self.lease_ms, self.retention_s)
 
     @staticmethod
     def parse_start(reply: Any) -> StartDecision:

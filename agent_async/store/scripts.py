@@ -55,12 +55,20 @@ def store_script(
     `events_key` is the namespace's event stream and `metrics_key` its metrics hash, written by the
     same scripts as the transitions (so the script text, and its SHA, is per namespace); '' turns
     either off."""
+    body = lua_source("agent_async.store", name)
+    return with_store_lib(body, engine_lua, events_key=events_key, metrics_key=metrics_key, packed=packed)
+
+
+def with_store_lib(
+    body: str, engine_lua: str, *, events_key: str, metrics_key: str = "", packed: bool = False
+) -> LuaScript:
+    """`body` after the engine's Lua library and store/lua/lib.lua (see store_script)."""
     constants = {
         **lua_constants(), "@PRUNE_BATCH@": str(_PRUNE_BATCH), "@EVENTS@": events_key,
         "@EVENTS_KEPT@": str(EVENTS_KEPT), **metrics_constants(metrics_key),
     }
     lib = lua_source("agent_async.store", "lib.lua", constants)
-    return LuaScript(engine_lua + "\n" + lib + "\n" + lua_source("agent_async.store", name), packed=packed)
+    return LuaScript(engine_lua + "\n" + lib + "\n" + body, packed=packed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,12 @@
 -- claim_batch: claim up to N due jobs in one call (arq's claim of each: not in progress, due, then
--- marked in progress; arq spends four round trips per job on it), and tell the worker how long it
--- may wait when it found fewer. Loaded after queue.lua.
+-- marked in progress; arq spends four round trips per job on it), pick each up (pickup.lua, or
+-- no_pickup.lua when the claim only claims), and tell the worker how long it may wait when it
+-- found fewer. Loaded after queue.lua and one of those two.
 -- KEYS: queue, wake list
 -- ARGV: now ms (or "now": Redis's clock, for a claim queued behind a blocking wait), in-progress
 --       ttl ms, in-progress key prefix, jobs wanted, read limit
--- Reply: {next, engine id, score, engine id, score, ...}. next: -1 the batch is full and more due
+-- Reply: {next, engine id, score, pickup, engine id, score, pickup, ...} (pickup: pickup()'s reply,
+--        nil for a job arq picks up itself). next: -1 the batch is full and more due
 --        jobs may wait; -2 the read limit was all jobs claimed elsewhere (poll again soon);
 --        otherwise the score of the next deferred job, 0 if there is none.
 
@@ -34,6 +36,7 @@ while claimed < wanted and read < limit do
       redis.call('PSETEX', claim, ttl_ms, '1')
       reply[#reply + 1] = due[i]
       reply[#reply + 1] = due[i + 1]
+      reply[#reply + 1] = pickup(due[i], now)
       claimed = claimed + 1
     end
     i = i + 2

@@ -1,0 +1,30 @@
+-- pickup: what arq's run_job does first with a job (its pickup transaction: GET the job, INCR its
+-- tries, EXPIRE them, ZREM it from the abort set) and the store's START transition (lib.lua's
+-- start_job), done inside the claim for each job it takes, so a job runs one round trip after its
+-- claim instead of two. The worker answers arq's pickup transaction from this reply
+-- (engine/transactions.py, PoolWithPickup). Loaded after the store's lib.lua, before claim_batch.lua.
+-- KEYS: the claim's (claim_batch.lua)
+-- ARGV: the claim's five, then: engine id prefix of this namespace's jobs, state key prefix,
+--       active index, leases, lease ms, retention s, arq's abort set ('' if aborts are off)
+-- pickup(engine id, now) -> {job, tries, aborted, start reply}, or false for a job that is not
+-- one of this namespace's tracked jobs (a cron tick): arq then picks it up itself.
+
+local P_ENGINE, P_STATE, P_ACTIVE, P_LEASES = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
+local P_LEASE_MS, P_RETENTION, P_ABORT = tonumber(ARGV[10]), ARGV[11], ARGV[12]
+
+local function pickup(engine_id, now)
+  if string.sub(engine_id, 1, #P_ENGINE) ~= P_ENGINE then return false end
+  local job_id = string.sub(engine_id, #P_ENGINE + 1)
+  if string.sub(job_id, 1, 5) == 'cron:' then return false end
+  local job = redis.call('GET', '@JOB_PREFIX@' .. engine_id)
+  local tries = redis.call('INCR', '@RETRY_PREFIX@' .. engine_id)
+  redis.call('EXPIRE', '@RETRY_PREFIX@' .. engine_id, @RETRY_TTL_S@)
+  local aborted = 0
+  if P_ABORT ~= '' then aborted = redis.call('ZREM', P_ABORT, engine_id) end
+  -- A state that makes the start fail (not a hash) fails this job's start alone, not the claim of
+  -- the others: the worker then sends the start itself, which reports the error.
+  local ok, started = pcall(start_job, P_STATE .. job_id, P_ACTIVE, P_LEASES, job_id, now, now + P_LEASE_MS,
+                            P_RETENTION)
+  if not ok then started = false end
+  return {job or false, tries, aborted, started}
+end
