@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import structlog
 
 from agent_async.errors import AgentError
-from agent_async.logs import LogSetup, configure_logging, current_setup
+from agent_async.logs import LogSetup, bound_fields, configure_logging, current_setup
 
 __all__ = ["ChildProcessLost", "RunHandle", "current_run", "run_in_child"]
 
@@ -107,7 +107,7 @@ async def run_in_child(fn: Callable[..., _T], /, *args: Any, **kwargs: Any) -> _
     loop = asyncio.get_running_loop()
     receiver, sender = _MP.Pipe(duplex=False)
     setup = current_setup()
-    logs = _ChildLogging(setup, structlog.contextvars.get_contextvars()) if setup is not None else None
+    logs = _ChildLogging(setup, bound_fields()) if setup is not None else None
     child = _MP.Process(target=_child_main, args=(sender, fn, args, kwargs, logs), daemon=True)
     child.start()
     sender.close()

@@ -154,12 +154,13 @@ end
 
 -- Ends a state for good: terminal fields, out of the active index and the leases, slot freed,
 -- retention TTL, its group told. Every script that can end a job ends it through here.
-local function end_job(state, active, leases, job_id, status, now, retention_s, err)
+local function end_job(state, active, leases, job_id, status, now, retention_s, err, result)
   -- Read before the status is overwritten: whether it was running, and since when; and what the
   -- event carries (nothing below changes the name, user or attempts).
   local h = redis.call('HMGET', state, 'gate', 'group', 'name', 'status', 'started_ms', 'user', 'attempts', 'error')
   local fields = {'status', status, 'updated_ms', now, 'finished_ms', now}
   if err and err ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = err; h[8] = err end
+  if result and result ~= '' then fields[#fields + 1] = 'result'; fields[#fields + 1] = result end
   redis.call('HSET', state, unpack(fields))
   redis.call('ZREM', active, job_id)
   redis.call('ZREM', leases, job_id)
@@ -167,7 +168,10 @@ local function end_job(state, active, leases, job_id, status, now, retention_s, 
   redis.call('EXPIRE', state, retention_s)
   local name, counts = h[3] or '', idx_key(active, 'counts:' .. math.floor(now / 3600000))
   redis.call('ZADD', idx_key(active, 'status:' .. status), now, job_id)
-  redis.call('HINCRBY', counts, name .. '|' .. status, 1); redis.call('EXPIRE', counts, retention_s + 3600)
+  -- The hour's hash gets its expiry with its first count of each kind (not at every count).
+  if redis.call('HINCRBY', counts, name .. '|' .. status, 1) == 1 then
+    redis.call('EXPIRE', counts, retention_s + 3600)
+  end
   local prefix, cutoff = string.sub(state, 1, -#job_id - 1), now - retention_s * 1000
   prune(idx_key(active, 'status:' .. status), prefix, cutoff); prune(idx_key(active, 'name:' .. name), prefix, cutoff)
   emit_known(job_id, status, now, name, h[6], h[7], h[8])
@@ -209,8 +213,8 @@ local function start_job(state, active, leases, job_id, now, lease_expiry, reten
     -- From the queue: how long it waited since it was queued (its count is also a run started).
     observe('wait', h[3] or '', now - tonumber(h[10] or now))
   end
-  local attempts = redis.call('HINCRBY', state, 'attempts', 1)
-  redis.call('HSET', state, 'status', 'STARTED', 'started_ms', now, 'updated_ms', now)
+  local attempts = tonumber(h[8] or '0') + 1
+  redis.call('HSET', state, 'status', 'STARTED', 'started_ms', now, 'updated_ms', now, 'attempts', attempts)
   emit_known(job_id, 'STARTED', now, h[3], h[2], attempts, h[11])
   redis.call('ZADD', active, now, job_id)
   redis.call('ZADD', leases, lease_expiry, job_id)

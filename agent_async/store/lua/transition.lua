@@ -9,7 +9,6 @@ local job_id, new_status, now = ARGV[1], ARGV[2], ARGV[3]
 local h = redis.call('HMGET', state, 'status', 'error', 'name')
 local current = h[1]
 if not current or is_terminal(current) then return 0 end
-if ARGV[5] ~= '' then redis.call('HSET', state, 'result', ARGV[5]) end
 if ARGV[6] == '' and h[2] then redis.call('HDEL', state, 'error') end
 if ARGV[7] == '1' and current == 'STARTED' then
   -- Marked STARTED in the pickup transaction, but the engine dropped the job before running it.
@@ -17,8 +16,9 @@ if ARGV[7] == '1' and current == 'STARTED' then
   redis.call('HDEL', state, 'started_ms')
 end
 if is_terminal(new_status) then
-  end_job(state, active, leases, job_id, new_status, now, ARGV[4], ARGV[6])
+  end_job(state, active, leases, job_id, new_status, now, ARGV[4], ARGV[6], ARGV[5])
 else
+  if ARGV[5] ~= '' then redis.call('HSET', state, 'result', ARGV[5]) end
   redis.call('HSET', state, 'status', new_status, 'updated_ms', now)
   if ARGV[6] ~= '' then redis.call('HSET', state, 'error', ARGV[6]) end
   emit(state, job_id, new_status, now)
