@@ -87,8 +87,8 @@ class AgentSettings:
     # Longest such block: the pause after which an idle worker looks at the queue anyway (a job
     # that arq itself gives back when its in-progress key expires signals nobody).
     worker_max_block_s: float = 5.0
-    # Group commit (fast worker only): the pickup and finish transactions of jobs that start or end
-    # together go out as one MULTI/EXEC (agent_async.engine.transactions). Off: one per job.
+    # Group commit (fast worker only): the finish transactions of jobs that end together go out as
+    # one MULTI/EXEC (agent_async.engine.transactions). Off: one per job.
     worker_coalesce: bool = True
 
     ENV = {
