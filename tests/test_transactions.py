@@ -20,8 +20,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
 
 from agent_async import Agent, AgentSettings, ClientAgent, JobStatus
-from agent_async.engine.claim import CLAIM_WITH_PICKUP, Claimed, Pickup, claim_call, parse_claim
+from agent_async.engine.claim import CLAIM_WITH_PICKUP, SERVER_NOW, Claimed, Pickup, claim_call, parse_claim
 from agent_async.engine.transactions import MAX_BATCH, Coalescer
+from agent_async.engine.wakeup import Waker
 from agent_async.engine.worker import FastWorker
 from agent_async.store import run_script
 from tests.conftest import run_burst
@@ -246,3 +247,100 @@ async def test_a_job_claimed_right_before_a_stop_is_handed_back_not_lost(
     state = await agent.job_store.get(job_id)
     assert state is not None and (state.status, state.attempts) == (JobStatus.SUCCESS, 1)
     assert state.result == {"echo": "x", "sum": 0, "user": None}
+
+
+async def blocked_wait(agent: Agent, redis: Redis) -> tuple[Waker, asyncio.Task[Any], asyncio.Event]:
+    """A wait with the claim behind its pop, whose first read is held until `release` is set (or
+    the wait is cancelled): the replies stay unread in the socket, as when a stop lands between
+    Redis running the claim and the worker reading it."""
+    names = agent.engine.names
+    waker = Waker(redis, names.wake_key)
+    conn = await waker._connection()
+    read = conn.read_response
+    release = asyncio.Event()
+
+    async def held_read(*args: Any, **kwargs: Any) -> Any:
+        conn.read_response = read  # type: ignore[method-assign]  # only the first read is held
+        await release.wait()
+        return await read(*args, **kwargs)
+
+    conn.read_response = held_read  # type: ignore[method-assign]
+    pickup = pickup_for(agent)
+    await redis.script_load(pickup.script.source)  # as the worker's first claim (run_script) does
+    claim = claim_call(names.queue, names.wake_key, wanted=5, ttl_ms=10_000, read_limit=100, at=SERVER_NOW,
+                       pickup=pickup)
+    task = asyncio.create_task(waker.wait(10.0, on_time=False, then=claim))
+    await asyncio.sleep(0.05)  # the pop and the claim behind it are in Redis, blocked
+    return waker, task, release
+
+
+async def test_a_wait_cancelled_after_its_claim_ran_keeps_the_claim_for_a_hand_back(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    waker, task, _ = await blocked_wait(agent, redis)
+    job_id = await client.enqueue(Echo(text="x"))  # its token ends the pop; the claim runs at once
+    for _ in range(100):
+        state = await agent.job_store.get(job_id)
+        if state is not None and state.status is JobStatus.STARTED:
+            break
+        await asyncio.sleep(0.01)
+    assert state is not None and state.status is JobStatus.STARTED  # started by the claim, unread
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert [list(parse_claim(reply).picked) for reply in waker.salvaged] == [[agent.engine.names.engine_job_id(job_id)]]
+    await waker.close()
+
+
+async def test_a_wait_cancelled_while_blocked_salvages_nothing_and_claims_nothing(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    waker, task, _ = await blocked_wait(agent, redis)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    job_id = await client.enqueue(Echo(text="x"))
+    await asyncio.sleep(0.1)
+    state = await agent.job_store.get(job_id)
+    assert state is not None and state.status is JobStatus.PENDING  # the dropped pop took nothing
+    assert waker.salvaged == []
+    await waker.close()
+
+
+async def test_a_worker_stopped_right_after_its_claim_ran_behind_the_pop_hands_the_job_back(
+    agent: Agent, client: ClientAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The whole path: an idle fast worker blocked with its claim behind the pop; a job arrives
+    and the stop lands before the worker reads the claim's reply. The job goes back to PENDING
+    (not left STARTED for recovery to fail as a lost worker's) and runs on the next worker."""
+    held = asyncio.Event()
+    real_connection = Waker._connection
+
+    async def holding_connection(self: Waker) -> Any:
+        conn = await real_connection(self)
+        read = conn.read_response
+
+        async def held_read(*args: Any, **kwargs: Any) -> Any:
+            conn.read_response = read  # type: ignore[method-assign]
+            held.set()
+            await asyncio.Event().wait()  # until the stop cancels it
+            return await read(*args, **kwargs)
+
+        conn.read_response = held_read  # type: ignore[method-assign]
+        return conn
+
+    monkeypatch.setattr(Waker, "_connection", holding_connection)
+    worker = asyncio.create_task(agent.run_worker(handle_signals=False, poll_delay=0.005))
+    await asyncio.wait_for(held.wait(), 10)
+    job_id = await client.enqueue(Echo(text="x"))
+    for _ in range(100):
+        state = await agent.job_store.get(job_id)
+        if state is not None and state.status is JobStatus.STARTED:
+            break
+        await asyncio.sleep(0.01)
+    worker.cancel()
+    await asyncio.gather(worker, return_exceptions=True)
+    state = await agent.job_store.get(job_id)
+    assert state is not None and (state.status, state.attempts) == (JobStatus.PENDING, 0)
+    monkeypatch.undo()
+    await run_burst(agent)
+    state = await agent.job_store.get(job_id)
+    assert state is not None and (state.status, state.attempts) == (JobStatus.SUCCESS, 1)

@@ -223,7 +223,7 @@ class Hooks:
         """Undo the start the claim made for a job that never ran here (its task was cancelled
         before it began): the state goes back to PENDING, attempts as they were."""
         job_id = self._names.job_id(engine_id)
-        if job_id is not None:
+        if job_id is not None and not self._names.is_cron_tick(engine_id):
             await self._store.run(self._store.transition_call(job_id, JobStatus.PENDING, undo_start=True))
 
     def take_commit(self, engine_id: str) -> ScriptCall | None:

@@ -25,6 +25,9 @@ logger = logging.getLogger(__name__)
 # wait that must end on time (a deferred job, a cron tick) is ended by this process instead, with
 # CLIENT UNBLOCK; Redis's own timeout then sits this far later, as a backstop only.
 _BACKSTOP_S = 0.5
+# A wait cancelled (the worker stops) reads this long for the replies Redis may already have sent:
+# if the claim behind the pop ran, the jobs it took are handed back instead of left to recovery.
+_SALVAGE_S = 0.05
 
 
 class Idle(Enum):
@@ -74,6 +77,8 @@ class Waker:
         self._conn: AbstractConnection | None = None
         self._client_id: int | None = None
         self._unblocks: set[asyncio.Task[Any]] = set()
+        # Replies of scripts sent behind a wait that was cancelled after they ran (see _salvage).
+        self.salvaged: list[Any] = []
 
     async def wait(self, timeout_s: float, *, on_time: bool, then: ScriptCall | None = None) -> Woken:
         """Block until a token arrives or `timeout_s` passes.
@@ -93,8 +98,12 @@ class Waker:
         try:
             await conn.send_packed_command(conn.pack_commands(commands))
             reply = await conn.read_response()
-        except BaseException:
-            await self._drop()
+        except BaseException as exc:
+            try:
+                if isinstance(exc, asyncio.CancelledError) and then is not None:
+                    await self._salvage(conn, replies=2)
+            finally:
+                await self._drop()
             raise
         finally:
             if timer is not None:
@@ -109,9 +118,26 @@ class Waker:
             # (the error was its reply); the worker sends its claim the usual way.
             logger.debug("script behind the wake-up failed: %s", exc)
             return woken
-        except BaseException:
-            await self._drop()
+        except BaseException as exc:
+            try:
+                if isinstance(exc, asyncio.CancelledError):
+                    await self._salvage(conn, replies=1)
+            finally:
+                await self._drop()
             raise
+
+    async def _salvage(self, conn: AbstractConnection, *, replies: int) -> None:
+        """The wait was cancelled with `replies` replies unread, the last the script's. If the pop
+        had ended, Redis has run the script (the claim, which also started its jobs) and sent or is
+        sending both: read them briefly and keep the script's, so the worker can hand its jobs back.
+        If the pop is still blocked, nothing comes and the script never runs."""
+        try:
+            async with asyncio.timeout(_SALVAGE_S):
+                for _ in range(replies - 1):
+                    await conn.read_response()  # the pop's: a token, or its timeout (the script ran too)
+                self.salvaged.append(await conn.read_response())
+        except Exception as exc:  # nothing arrived in time, or the connection is gone
+            logger.debug("nothing to salvage from a cancelled wait: %r", exc)
 
     async def close(self) -> None:
         for task in list(self._unblocks):

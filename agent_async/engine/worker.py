@@ -275,6 +275,12 @@ class FastWorker(StoppableWorker):
     async def close(self) -> None:
         if self._waker is not None:
             await self._waker.close()
+            # Claims that ran behind a wait the stop cancelled: their jobs were started, and
+            # nothing here will run them.
+            for reply in self._waker.salvaged:
+                for job_id, _ in parse_claim(reply).jobs:
+                    self._hand_backs.add(self.loop.create_task(self._hand_back(job_id)))
+            self._waker.salvaged.clear()
         if self.coalescer is not None and self.coalescer.stats.sends:
             stats = self.coalescer.stats
             logger.info("group commit: %d transactions in %d MULTI/EXECs (largest %d, longest wait %.1f ms)",
