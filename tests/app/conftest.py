@@ -100,8 +100,9 @@ class Api:
         return {"Authorization": f"Bearer {token}"}
 
     async def drain(self) -> None:
-        """Run a real worker until the queue is empty (arq burst mode): deterministic, no sleeps."""
-        await self.runtime.agent.run_worker(burst=True, poll_delay=0, handle_signals=False)
+        """Run a real worker until the queue is empty (arq burst mode): deterministic, no sleeps, and
+        no cron ticks (a drain across a 5-minute boundary would queue the sweep schedule's run)."""
+        await self.runtime.agent.run_worker(burst=True, poll_delay=0, handle_signals=False, cron_jobs=[])
 
     async def state(self, job_id: str) -> JobState:
         state = await self.runtime.client.get_state(job_id)
