@@ -90,6 +90,10 @@ class AgentSettings:
     # Group commit (fast worker only): the finish transactions of jobs that end together go out as
     # one MULTI/EXEC (agent_async.engine.transactions). Off: one per job.
     worker_coalesce: bool = True
+    # After start-up, a worker moves every object then alive out of Python's collector (gc.freeze):
+    # full collections stop stalling its event loop. Objects frozen then freed later are not
+    # reclaimed; turn it off for a worker embedded in a process that drops big start-up state.
+    worker_gc_freeze: bool = True
 
     ENV = {
         "redis_url": "AGENT_REDIS_URL",
@@ -119,6 +123,7 @@ class AgentSettings:
         "worker_push_wakeup": "AGENT_WORKER_PUSH_WAKEUP",
         "worker_max_block_s": "AGENT_WORKER_MAX_BLOCK_SECONDS",
         "worker_coalesce": "AGENT_WORKER_COALESCE",
+        "worker_gc_freeze": "AGENT_WORKER_GC_FREEZE",
     }
 
     def __post_init__(self) -> None:

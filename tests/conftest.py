@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -17,6 +18,16 @@ from agent_async.testing import running_worker, scoped_registry, wait_for_status
 __all__ = ["REDIS_URL", "Drain", "run_burst", "running_worker", "wait_for_status"]
 
 REDIS_URL = os.environ.get("AGENT_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture(autouse=True)
+def _gc_unfrozen() -> Iterator[None]:
+    """An in-process worker freezes the collector's objects at start-up (AGENT_WORKER_GC_FREEZE):
+    in the pytest process that would pin every earlier test's leftovers, so it is undone after
+    each test."""
+    yield
+    if gc.get_freeze_count():
+        gc.unfreeze()
 
 
 @pytest.fixture

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import gc
 import signal
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -344,3 +345,18 @@ async def test_a_worker_stopped_right_after_its_claim_ran_behind_the_pop_hands_t
     await run_burst(agent)
     state = await agent.job_store.get(job_id)
     assert state is not None and (state.status, state.attempts) == (JobStatus.SUCCESS, 1)
+
+
+@pytest.mark.parametrize("freeze", [True, False])
+async def test_a_worker_takes_what_start_up_left_out_of_the_collector_unless_told_not_to(
+    settings: AgentSettings, freeze: bool
+) -> None:
+    """AGENT_WORKER_GC_FREEZE: a full collection would otherwise walk every object alive since
+    start-up (a 50-60 ms stall of the loop every few thousand jobs, docs/performance.md)."""
+    gc.unfreeze()
+    async with Agent(dataclasses.replace(settings, worker_gc_freeze=freeze)) as agent:
+        job_id = await ClientAgent(agent).enqueue(Echo(text="x"))
+        await run_burst(agent)
+        state = await agent.job_store.get(job_id)
+    assert state is not None and state.status is JobStatus.SUCCESS
+    assert (gc.get_freeze_count() > 0) is freeze

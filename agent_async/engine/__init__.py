@@ -203,7 +203,7 @@ class Engine:
     def _hooks(self, jobs: JobHandler, schedules: Callable[[], ScheduleTicker]) -> Hooks:
         return Hooks(
             store=self._store, names=self.names, registry=self._registry, jobs=jobs, schedules=schedules,
-            outage=self._outage,
+            outage=self._outage, freeze_gc=self._settings.worker_gc_freeze,
         )
 
     def _settings_for(self, hooks: Hooks, overrides: dict[str, Any]) -> dict[str, Any]:

