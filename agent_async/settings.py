@@ -91,9 +91,9 @@ class AgentSettings:
     # one MULTI/EXEC (agent_async.engine.transactions). Off: one per job.
     worker_coalesce: bool = True
     # After start-up, a worker moves every object then alive out of Python's collector (gc.freeze):
-    # full collections stop stalling its event loop. Objects frozen then freed later are not
-    # reclaimed; turn it off for a worker embedded in a process that drops big start-up state.
-    worker_gc_freeze: bool = True
+    # full collections stop stalling its event loop. Off by default: it is process-wide, and an
+    # object frozen then freed later is never reclaimed. For a process that only runs the worker.
+    worker_gc_freeze: bool = False
 
     ENV = {
         "redis_url": "AGENT_REDIS_URL",

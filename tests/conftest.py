@@ -22,9 +22,8 @@ REDIS_URL = os.environ.get("AGENT_TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 
 @pytest.fixture(autouse=True)
 def _gc_unfrozen() -> Iterator[None]:
-    """A worker freezes the collector's objects at start-up (AGENT_WORKER_GC_FREEZE; the settings
-    fixture turns it off, a test building its own settings may not): in the pytest process that
-    would pin every earlier test's leftovers, so it is undone after each test."""
+    """A test that runs a worker with AGENT_WORKER_GC_FREEZE on freezes the pytest process's
+    objects: that would pin every earlier test's leftovers, so it is undone after each test."""
     yield
     if gc.get_freeze_count():
         gc.unfreeze()
@@ -47,9 +46,6 @@ def settings(namespace: str, tmp_path: Path) -> AgentSettings:
         hard_timeout_grace_s=0.5,
         cancel_grace_s=0.5,
         reconcile_interval_s=0.2,
-        # An in-process worker shares the pytest process, whose heap is every test's: a full
-        # collection at each worker start-up costs far more there than in a worker process.
-        worker_gc_freeze=False,
     )
 
 
