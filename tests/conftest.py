@@ -14,6 +14,7 @@ from redis.asyncio import Redis
 from agent_async import Agent, AgentSettings, ClientAgent, testing
 from agent_async.registry import JobRegistry
 from agent_async.testing import running_worker, scoped_registry, wait_for_status
+from tests.faults.conftest import PrivateRedis
 
 __all__ = ["REDIS_URL", "Drain", "run_burst", "running_worker", "wait_for_status"]
 
@@ -27,6 +28,16 @@ def _gc_unfrozen() -> Iterator[None]:
     yield
     if gc.get_freeze_count():
         gc.unfreeze()
+
+
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    """A redis-server of the test's own: its command counts, restarts and SCRIPT FLUSH touch no
+    other test."""
+    server = PrivateRedis(tmp_path)
+    server.start()
+    yield server
+    server.stop()
 
 
 @pytest.fixture

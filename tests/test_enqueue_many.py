@@ -3,9 +3,6 @@ atomicity; the result says which were queued and which refused, and why."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 from redis.asyncio import Redis
 
@@ -14,15 +11,6 @@ from agent_async.client import EnqueueResult
 from tests.conftest import Drain
 from tests.faults.conftest import PrivateRedis
 from tests.jobs import Echo, Gated, GatedFive, runs_key
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    """A redis-server of the test's own: its command counts and SCRIPT FLUSH touch no one else."""
-    server = PrivateRedis(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 async def test_every_job_is_queued_and_runs(client: ClientAgent, drain: Drain, redis: Redis, namespace: str) -> None:

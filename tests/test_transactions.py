@@ -10,7 +10,7 @@ import asyncio
 import dataclasses
 import gc
 import signal
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -29,15 +29,6 @@ from agent_async.store import run_script
 from tests.conftest import run_burst
 from tests.faults.conftest import PrivateRedis, free_port
 from tests.jobs import Echo
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    """A redis-server of the test's own: INFO commandstats then counts this test's commands only."""
-    server = PrivateRedis(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -41,14 +41,6 @@ def settings(settings: AgentSettings) -> AgentSettings:
     # deadline (deferred job, retry, cron) can end an idle wait early.
     return dataclasses.replace(settings, poll_delay_s=POLL_DELAY_S, worker_max_block_s=30.0)
 
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    """A redis-server of the test's own: INFO commandstats then counts this test's worker only."""
-    server = PrivateRedis(tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 async def until(check: Callable[[], Awaitable[bool]], timeout_s: float, what: str) -> None:

@@ -210,16 +210,12 @@ class JobStore:
             raise EnqueueError(f"a key under namespace {self.keys.namespace!r} has the wrong type")
 
     async def start(self, job_id: str) -> StartDecision:
-        """PENDING/RETRY -> STARTED, attempts + 1; refuses to start a terminal or unknown job."""
-        return self.parse_start(await run_script(self.redis, self.start_call(job_id)))
-
-    def start_call(self, job_id: str) -> ScriptCall:
-        """The start transition, built to be sent later (e.g. inside the engine's pickup transaction)."""
-        now = now_ms()
-        k = self.keys
-        return self._start(
-            [k.state(job_id), k.active_index, k.leases], [job_id, now, now + self.lease_ms, self.retention_s]
-        )
+        """PENDING/RETRY -> STARTED, attempts + 1; refuses to start a terminal or unknown job. (The
+        fast worker's claim does the same for the jobs it takes: `starting_in`.)"""
+        now, k = now_ms(), self.keys
+        keys = [k.state(job_id), k.active_index, k.leases]
+        call = self._start(keys, [job_id, now, now + self.lease_ms, self.retention_s])
+        return self.parse_start(await run_script(self.redis, call))
 
     def starting_in(self, body: str) -> tuple[LuaScript, tuple[str | int, ...]]:
         """The engine's script `body`, which starts the jobs it hands out (lib.lua's start_job), and what

@@ -144,10 +144,3 @@ class PrivateRedis:
             self.proc.terminate()
             self.proc.wait(timeout=10)
 
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
-    server = PrivateRedis(tmp_path)
-    server.start()
-    yield server
-    server.stop()
