@@ -300,8 +300,9 @@ class SleeperJob(Job[Sleeper]):
     request_class = Sleeper
 
     async def process(self, request: Sleeper, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
-        await record_run(self, job_id)
         try:
+            # Inside the try: a test that waits for this count knows a cancel reaches the finally.
+            await record_run(self, job_id)
             await asyncio.sleep(request.sleep_s)
         finally:
             await self.resources.redis.hset(runs_key(self.resources.namespace) + ":cleanup", job_id, 1)

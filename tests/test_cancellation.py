@@ -14,6 +14,14 @@ from tests.conftest import Drain, running_worker, wait_for_status
 from tests.jobs import ChildSum, Deaf, Echo, Sleeper, Stubborn, runs_key
 
 
+async def wait_for_run(redis: Redis, agent: Agent, job_id: str) -> None:
+    for _ in range(500):
+        if await redis.hget(runs_key(agent.keys.namespace), job_id):
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"job {job_id} never ran")
+
+
 def alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -28,7 +36,9 @@ async def test_running_job_stops_cooperatively(agent: Agent, client: ClientAgent
     """Phase 1: the task is cancelled, process() cleans up in finally, state CANCELED, slot freed."""
     async with running_worker(agent):
         job_id = await client.enqueue(Sleeper(), "u")
-        await wait_for_status(agent, job_id, JobStatus.STARTED)
+        # Not STARTED: the claim writes that before process() runs, and a cancel landing before
+        # process() enters its try has no cleanup to run.
+        await wait_for_run(redis, agent, job_id)
         t0 = time.monotonic()
         state = await client.cancel(job_id)
         elapsed_s = time.monotonic() - t0
