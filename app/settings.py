@@ -60,6 +60,10 @@ class AppSettings:
     metrics_token: str | None = field(default=None, repr=False)
     dashboard_token_max_age_s: int = DEFAULT_DASHBOARD_TOKEN_MAX_AGE_S
     dashboard_session_max_age_s: int = DEFAULT_DASHBOARD_SESSION_MAX_AGE_S
+    # Once the API serves, the objects then alive leave Python's collector (gc.freeze): a full
+    # collection stops stalling every request in flight. Off by default for the reason the
+    # worker's is (AgentSettings.worker_gc_freeze): process-wide, for a process that only serves.
+    api_gc_freeze: bool = False
 
     ENV = {
         "secret_key": "AGENT_SECRET_KEY",
@@ -77,6 +81,7 @@ class AppSettings:
         "metrics_token": "AGENT_METRICS_TOKEN",
         "dashboard_token_max_age_s": "AGENT_DASHBOARD_TOKEN_MAX_AGE_SECONDS",
         "dashboard_session_max_age_s": "AGENT_DASHBOARD_SESSION_MAX_AGE_SECONDS",
+        "api_gc_freeze": "AGENT_API_GC_FREEZE",
     }
 
     def __post_init__(self) -> None:
@@ -154,6 +159,7 @@ class AppSettings:
             dashboard_session_max_age_s=_int(
                 env, cls.ENV["dashboard_session_max_age_s"], DEFAULT_DASHBOARD_SESSION_MAX_AGE_S
             ),
+            api_gc_freeze=_bool(env, cls.ENV["api_gc_freeze"], False),
         )
 
     def require_secret(self) -> str:
@@ -188,3 +194,15 @@ def _float(env: Mapping[str, str], var: str, default: float) -> float:
         return float(raw.strip())
     except ValueError:
         raise ConfigurationError(f"invalid setting {var}={raw!r}: expected a number") from None
+
+
+def _bool(env: Mapping[str, str], var: str, default: bool) -> bool:
+    raw = env.get(var)
+    if raw is None or not raw.strip():
+        return default
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ConfigurationError(f"invalid setting {var}={raw!r}: expected true or false")

@@ -6,6 +6,7 @@ Both sides: one hypercorn process started the same way (`python -m hypercorn MOD
 127.0.0.1:<free port> --workers 1`, no access log), C keep-alive HTTP/1.1 connections driven by a
 minimal asyncio client (so the load generator costs as little as possible), a 1 s warm-up, then
 S seconds measured. The job read is a finished export (SUCCESS, result with a large_result to drop).
+The app runs with AGENT_API_GC_FREEZE on, as compose.yaml's api does (`--no-gc-freeze`: off).
 The last line printed is one JSON object.
 """
 
@@ -170,6 +171,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--redis-url", default=os.environ.get("AGENT_REDIS_URL", "redis://127.0.0.1:6379/15"))
+    parser.add_argument("--no-gc-freeze", action="store_true",
+                        help="serve without AGENT_API_GC_FREEZE (compose.yaml's api sets it)")
     args = parser.parse_args()
 
     namespace = f"bench-api-{uuid.uuid4().hex[:8]}"
@@ -180,6 +183,8 @@ def main() -> None:
             "AGENT_NAMESPACE": namespace,
             "AGENT_DATABASE_URL": f"sqlite+aiosqlite:///{tmp}/bench.db",
             "AGENT_SECRET_KEY": SECRET,
+            # As compose.yaml's api runs (the baseline app has no such setting: its heap is Quart's alone).
+            "AGENT_API_GC_FREEZE": "false" if args.no_gc_freeze else "true",
             "PYTHONPATH": os.pathsep.join([str(ROOT / "benchmarks"), str(ROOT)]),
         }
         from app.migrate import upgrade
@@ -216,6 +221,8 @@ def main() -> None:
         "ratio": round(ratios[middle], 3),
         "ratio_per_round": [round(r, 3) for r in ratios],
         "p99_ms": p99_ms(jobs),
+        "baseline_p99_ms": p99_ms(base),
+        "api_gc_freeze": not args.no_gc_freeze,
     }))
 
 

@@ -25,6 +25,7 @@ from agent_async.lifecycle import JobStatus, StartDecision, now_ms
 from agent_async.state import JobState
 from agent_async.store import codec, scripts
 from agent_async.store.keys import KeySpace
+from agent_async.store.reads import SharedReads
 from agent_async.store.schema import CANCEL_REQUESTED_FIELD, state_from_hash, state_to_hash
 from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_source, run_script, store_script
 
@@ -107,6 +108,7 @@ class JobStore:
         self.lease_ms = lease_ms
         self._redis: Redis | None = None
         self._engine_lua = engine_lua
+        self.reads = SharedReads(lambda: self.redis)
 
         def script(name: str, *, packed: bool = False) -> LuaScript:
             return store_script(name, engine_lua, events_key=events_key, metrics_key=metrics_key, packed=packed)
@@ -328,7 +330,7 @@ class JobStore:
 
     async def get(self, job_id: str) -> JobState | None:
         with _reachable(f"read job {job_id}"):
-            raw = await self.redis.hgetall(self.keys.state(job_id))  # type: ignore[misc]
+            raw = await self.reads.hgetall(self.keys.state(job_id))
         return state_from_hash(raw) if raw else None
 
     async def get_many(self, job_ids: Sequence[str]) -> list[JobState | None]:
