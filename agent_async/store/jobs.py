@@ -24,8 +24,8 @@ from agent_async.errors import (
 from agent_async.lifecycle import JobStatus, StartDecision, now_ms
 from agent_async.state import JobState
 from agent_async.store import codec, scripts
+from agent_async.store.autopipeline import AutoPipeline
 from agent_async.store.keys import KeySpace
-from agent_async.store.reads import SharedReads
 from agent_async.store.schema import CANCEL_REQUESTED_FIELD, state_from_hash, state_to_hash
 from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_source, run_script, store_script
 
@@ -108,7 +108,8 @@ class JobStore:
         self.lease_ms = lease_ms
         self._redis: Redis | None = None
         self._engine_lua = engine_lua
-        self.reads = SharedReads(lambda: self.redis)
+        # Enqueues and state reads of concurrent callers share round trips (autopipeline.py).
+        self.pipeline = AutoPipeline(lambda: self.redis)
 
         def script(name: str, *, packed: bool = False) -> LuaScript:
             return store_script(name, engine_lua, events_key=events_key, metrics_key=metrics_key, packed=packed)
@@ -161,7 +162,7 @@ class JobStore:
         call = self.create_call(state, gate=gate, engine=engine, resume=resume, max_try=max_try,
                                 owned_blobs=owned_blobs)
         try:
-            outcome = await run_script(self.redis, call)
+            outcome = await run_script(self.redis, call, via=self.pipeline)
         except (RedisConnectionError, TimeoutError) as exc:
             raise QueueUnavailableError(f"could not enqueue {state.name}: Redis is unreachable ({exc})") from exc
         except RedisError as exc:
@@ -330,7 +331,7 @@ class JobStore:
 
     async def get(self, job_id: str) -> JobState | None:
         with _reachable(f"read job {job_id}"):
-            raw = await self.reads.hgetall(self.keys.state(job_id))
+            raw = await self.pipeline.hgetall(self.keys.state(job_id))
         return state_from_hash(raw) if raw else None
 
     async def get_many(self, job_ids: Sequence[str]) -> list[JobState | None]:

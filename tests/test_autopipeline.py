@@ -1,31 +1,32 @@
-"""Concurrent state reads share round trips (agent_async.store.reads), on the real Redis."""
+"""Concurrent callers' commands share round trips (agent_async.store.autopipeline), on the real Redis."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from agent_async import Agent, ClientAgent, JobStatus
-from agent_async.errors import QueueUnavailableError
-from agent_async.store.reads import MAX_BATCH, SharedReads
-from tests.faults.conftest import free_port
-from tests.jobs import Echo
+from agent_async import Agent, AgentSettings, ClientAgent, JobStatus
+from agent_async.errors import QueueUnavailableError, RequestCode, RequestRefusedError
+from agent_async.store.autopipeline import MAX_BATCH, AutoPipeline
+from tests.faults.conftest import PrivateRedis, free_port
+from tests.jobs import Echo, Sleeper
 
 
 async def test_concurrent_reads_go_out_together_and_each_gets_its_own_state(
     agent: Agent, client: ClientAgent
 ) -> None:
     ids = [await client.enqueue(Echo(text=str(i))) for i in range(20)]
-    stats = agent.job_store.reads.stats
-    sends_before, reads_before = stats.sends, stats.reads
+    stats = agent.job_store.pipeline.stats
+    sends_before, reads_before = stats.sends, stats.commands
     states = await asyncio.gather(*(client.get_state(job_id) for job_id in ids))
     assert [s.job_id if s else None for s in states] == ids
     assert all(s is not None and s.status is JobStatus.PENDING for s in states)
     assert [s.payload["text"] for s in states if s] == [str(i) for i in range(20)]
-    assert stats.reads - reads_before == 20
+    assert stats.commands - reads_before == 20
     # The first goes out alone, the 19 that came while it was in flight in one pipeline.
     assert stats.sends - sends_before == 2
     assert stats.largest == 19
@@ -33,7 +34,7 @@ async def test_concurrent_reads_go_out_together_and_each_gets_its_own_state(
 
 async def test_reads_one_after_another_each_go_out_alone(agent: Agent, client: ClientAgent) -> None:
     job_id = await client.enqueue(Echo())
-    stats = agent.job_store.reads.stats
+    stats = agent.job_store.pipeline.stats
     sends_before = stats.sends
     for _ in range(5):
         state = await client.get_state(job_id)
@@ -45,7 +46,7 @@ async def test_reads_one_after_another_each_go_out_alone(agent: Agent, client: C
 async def test_a_batch_is_capped_and_the_rest_follows(redis: Redis, namespace: str) -> None:
     key = f"{namespace}:h"
     await redis.hset(key, mapping={"f": "v"})
-    reads = SharedReads(lambda: redis)
+    reads = AutoPipeline(lambda: redis)
     count = 1 + 2 * MAX_BATCH + 1
     replies = await asyncio.gather(*(reads.hgetall(key) for _ in range(count)))
     assert replies == [{b"f": b"v"}] * count
@@ -58,7 +59,7 @@ async def test_one_reads_error_is_its_own(redis: Redis, namespace: str) -> None:
     good, bad = f"{namespace}:good", f"{namespace}:bad"
     await redis.hset(good, mapping={"f": "v"})
     await redis.set(bad, "a string")
-    reads = SharedReads(lambda: redis)
+    reads = AutoPipeline(lambda: redis)
     replies = await asyncio.gather(
         reads.hgetall(good), reads.hgetall(good), reads.hgetall(bad), reads.hgetall(good),
         return_exceptions=True,
@@ -89,7 +90,7 @@ async def test_unreachable_redis_fails_every_reader_and_reads_resume_after(agent
 async def test_cancelled_readers_leave_the_others_their_answers(redis: Redis, namespace: str) -> None:
     key = f"{namespace}:h"
     await redis.hset(key, mapping={"f": "v"})
-    reads = SharedReads(lambda: redis)
+    reads = AutoPipeline(lambda: redis)
     tasks = [asyncio.create_task(reads.hgetall(key)) for _ in range(6)]
     await asyncio.sleep(0)  # the first is in flight alone, the other five wait for it
     tasks[0].cancel()  # the one in flight
@@ -109,7 +110,7 @@ async def test_a_reader_joining_after_a_batch_left_waits_for_the_next(
 ) -> None:
     key = f"{namespace}:h"
     await redis.hset(key, mapping={"f": "v"})
-    reads = SharedReads(lambda: redis)
+    reads = AutoPipeline(lambda: redis)
     first = asyncio.create_task(reads.hgetall(key))
     await asyncio.sleep(0)
     second = asyncio.create_task(reads.hgetall(key))
@@ -122,3 +123,55 @@ async def test_a_reader_joining_after_a_batch_left_waits_for_the_next(
     if not leader_cancelled:
         assert await first == {b"f": b"v"}
 
+
+
+async def test_concurrent_enqueues_go_out_together_and_each_keeps_its_gate(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """Sleeper allows 2 at a time per user: of 12 enqueues sent together, exactly 2 are queued, and
+    each refusal is its own caller's."""
+    await client.enqueue(Sleeper(), "other")  # loads the enqueue script (a NOSCRIPT, then SCRIPT LOAD)
+    stats = agent.job_store.pipeline.stats
+    sends_before = stats.sends
+    outcomes = await asyncio.gather(*(client.enqueue(Sleeper(), "u") for _ in range(12)), return_exceptions=True)
+    queued = [o for o in outcomes if isinstance(o, str)]
+    refused = [o for o in outcomes if isinstance(o, RequestRefusedError)]
+    assert len(queued) == 2 and len(refused) == 10, outcomes
+    assert all(r.code is RequestCode.JOB_CONCURRENT_LIMIT for r in refused)
+    assert stats.sends - sends_before == 2  # the first alone, the other eleven together
+    for job_id in queued:
+        state = await client.get_state(job_id)
+        assert state is not None and state.status is JobStatus.PENDING
+    assert await agent.job_store.slots_held(agent.keys.gate(Sleeper.name, "u")) == 2
+    # Nothing of the refused ones was written: only the three states exist.
+    assert len([k async for k in redis.scan_iter(match=agent.keys.state("*"))]) == 3
+
+
+async def test_enqueues_sent_together_survive_scripts_redis_lost(
+    private_redis: PrivateRedis, settings: AgentSettings
+) -> None:
+    """SCRIPT FLUSH (as after a restart): every enqueue of the batch meets NOSCRIPT, loads the script
+    and is sent again; none is lost or doubled."""
+    async with Agent(dataclasses.replace(settings, redis_url=private_redis.url)) as agent:
+        client = ClientAgent(agent)
+        await client.enqueue(Echo(text="warm"))
+        await agent.job_store.redis.script_flush()
+        ids = await asyncio.gather(*(client.enqueue(Echo(text=str(i))) for i in range(10)))
+        assert len(set(ids)) == 10
+        states = await asyncio.gather(*(client.get_state(job_id) for job_id in ids))
+        assert [s.payload["text"] for s in states if s is not None] == [str(i) for i in range(10)]
+        assert agent.job_store.pipeline.stats.largest >= 9
+
+
+async def test_unreachable_redis_fails_every_enqueue_sent_together(agent: Agent, client: ClientAgent) -> None:
+    store = agent.job_store
+    reachable = store.redis
+    dead = Redis(host="127.0.0.1", port=free_port())
+    store.bind(dead)
+    try:
+        outcomes = await asyncio.gather(*(client.enqueue(Echo()) for _ in range(5)), return_exceptions=True)
+    finally:
+        store.bind(reachable)
+        await dead.aclose()
+    assert all(isinstance(o, QueueUnavailableError) and "could not enqueue" in str(o) for o in outcomes), outcomes
+    assert await client.enqueue(Echo()) is not None
