@@ -97,3 +97,17 @@ async def test_state_round_trips_through_dict(drain: Drain, agent: Agent, client
     assert again == state
     assert state.to_dict()["status"] == JobStatus.SUCCESS.value
     assert state.to_dict()["finished_at"].endswith("+00:00")
+
+
+async def test_enqueue_carries_any_text_through_its_packed_arguments(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """The enqueue script's keys and arguments travel as one JSON argument (LuaScript packed=True,
+    decoded by cjson): text outside ASCII, outside the BMP, escapes and controls arrive as sent."""
+    text = 'héllo 😀 \u2028 \x7f 日本 \\ " \n\t end'
+    job_id = await client.enqueue(Echo(text=text), "usér-😀")
+    state = await client.get_state(job_id)
+    assert state is not None and state.payload["text"] == text and state.user_uid == "usér-😀"
+    raw = await redis.hget(agent.keys.state(job_id), "user")
+    assert raw == "usér-😀".encode()
+    assert await redis.zscore(agent.keys.user_index("usér-😀"), job_id) is not None

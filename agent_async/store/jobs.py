@@ -114,7 +114,7 @@ class JobStore:
         def script(name: str, *, packed: bool = False) -> LuaScript:
             return store_script(name, engine_lua, events_key=events_key, metrics_key=metrics_key, packed=packed)
 
-        self._enqueue = script("enqueue.lua")
+        self._enqueue = script("enqueue.lua", packed=True)
         self._start = script("start.lua", packed=True)
         self._transition = script("transition.lua", packed=True)
         self._cancel = script("cancel.lua")
