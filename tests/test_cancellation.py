@@ -71,12 +71,14 @@ async def test_blocking_child_is_killed_in_phase_two(agent: Agent, client: Clien
     assert await agent.job_store.slots_held(agent.keys.gate(Stubborn.name, "u")) == 0
 
 
-async def test_async_job_ignoring_cancellation_is_abandoned(agent: Agent, client: ClientAgent) -> None:
+async def test_async_job_ignoring_cancellation_is_abandoned(agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """A coroutine that swallows CancelledError cannot be killed: it is abandoned and the job ends
     CANCELED anyway, so the worker and the slot are free."""
     async with running_worker(agent):
         job_id = await client.enqueue(Deaf(), "u")
-        await wait_for_status(agent, job_id, JobStatus.STARTED)
+        # Inside process() (STARTED is written by the claim, before process() runs: a cancel then
+        # would stop the job before it could ignore it).
+        await wait_for_run(redis, agent, job_id)
         state = await client.cancel(job_id)
         assert state is not None and state.status is JobStatus.CANCELED
         assert state.error is not None and "abandoned" in state.error
