@@ -40,6 +40,24 @@ async def test_enqueue_that_fails_in_redis_writes_nothing(agent: Agent, client: 
     assert (await client.get_state(job_id)).status is JobStatus.PENDING  # type: ignore[union-attr]
 
 
+@pytest.mark.parametrize("index", ["user", "name", "all", "active"])
+async def test_enqueue_with_an_index_of_the_wrong_type_writes_nothing(
+    agent: Agent, client: ClientAgent, redis: Redis, index: str
+) -> None:
+    """An index written by the enqueue holds something else: the enqueue is refused with a clear
+    error, and the indexes written before it are undone (no state, no entry, nothing queued)."""
+    keys = agent.keys
+    key = {"user": keys.user_index("u"), "name": keys.name_index(Gated.name), "all": keys.all_index,
+           "active": keys.active_index}[index]
+    await redis.set(key, "not a sorted set")
+    with pytest.raises(EnqueueError, match="wrong type"):
+        await client.enqueue(Gated(), "u")
+    assert await namespace_keys(redis, agent) == [key.encode()]
+    await redis.delete(key)
+    job_id = await client.enqueue(Gated(), "u")
+    assert (await client.get_state(job_id)).status is JobStatus.PENDING  # type: ignore[union-attr]
+
+
 async def test_enqueue_with_redis_unreachable_raises_enqueue_error(settings: AgentSettings) -> None:
     """A Redis that cannot be reached gives QueueUnavailableError (the API turns it into 503)."""
     unreachable = AgentSettings(redis_url="redis://127.0.0.1:1/0", namespace=settings.namespace)

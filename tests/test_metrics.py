@@ -149,8 +149,8 @@ async def test_histograms_are_cumulative_and_end_at_their_count(drain: Drain, cl
 
 async def test_the_lua_bounds_are_the_python_bounds_and_le_is_inclusive(redis: Redis, namespace: str) -> None:
     metrics_key = f"{namespace}:metrics"
-    constants = {**lua_constants(), "@PRUNE_BATCH@": "10", "@EVENTS@": "", "@EVENTS_KEPT@": str(EVENTS_KEPT),
-                 **metrics_constants(metrics_key)}
+    constants = {**lua_constants(), "@PRUNE_BATCH@": "10", "@PRUNE_EVERY@": "8", "@EVENTS@": "",
+                 "@EVENTS_KEPT@": str(EVENTS_KEPT), **metrics_constants(metrics_key)}
     lib = lua_source("agent_async.store", "lib.lua", constants)
     bounds = await redis.eval(lib + "\nreturn BUCKETS_MS", 0)  # type: ignore[misc]
     assert bounds == [round(b * 1000) for b in BUCKETS_S]

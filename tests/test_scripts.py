@@ -221,7 +221,8 @@ def test_library_lua_needs_its_constants() -> None:
     with pytest.raises(ValueError, match=r"lib\.lua"):
         lua_source("agent_async.store", "lib.lua")
     store_constants = {
-        "@PRUNE_BATCH@": "10", "@EVENTS@": "ns:events", "@EVENTS_KEPT@": "1000", **metrics_constants("ns:metrics"),
+        "@PRUNE_BATCH@": "10", "@PRUNE_EVERY@": "8", "@EVENTS@": "ns:events", "@EVENTS_KEPT@": "1000",
+        **metrics_constants("ns:metrics"),
     }
     filled = lua_source("agent_async.store", "lib.lua", {**lua_constants(), **store_constants})
     assert "@TERMINAL@" not in filled and "@PRUNE_BATCH@" not in filled and "'ns:events'" in filled

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import random
+from pathlib import Path
 
 from redis.asyncio import Redis
 
 from agent_async import Agent, AgentSettings, ClientAgent, JobStatus
+from agent_async.store.scripts import PRUNE_EVERY
 from tests.conftest import Drain, run_burst
+from tests.faults.conftest import PrivateRedis
 from tests.jobs import Boom, Echo, Flaky
 
 
@@ -84,6 +87,62 @@ async def test_indexes_are_pruned_once_states_expire(settings: AgentSettings, re
         await redis.zadd(agent.keys.user_index("old"), {"ghost": 1})
         assert [s.job_id for s in await client.list_for_user("old")] == [survivor]
         assert await redis.zrange(agent.keys.user_index("old"), 0, -1) == [survivor.encode()]
+
+
+async def test_the_shared_indexes_are_pruned_every_few_jobs_and_stay_bounded(
+    settings: AgentSettings, redis: Redis
+) -> None:
+    """The all-jobs, name and status indexes gain an entry with every job: their expired entries
+    are dropped by a later enqueue or end (every PRUNE_EVERY-th, by the count the script holds),
+    so none of them keeps the states of an earlier retention window."""
+    short = AgentSettings(**{**{f: getattr(settings, f) for f in settings.ENV}, "state_retention_s": 1})
+    async with Agent(short) as agent:
+        client = ClientAgent(agent)
+        old = [await client.enqueue(Echo()) for _ in range(PRUNE_EVERY)]
+        await run_burst(agent)
+        keys = agent.keys
+        indexes = [keys.all_index, keys.name_index(Echo.name), keys.status_index(JobStatus.SUCCESS.value)]
+        assert [await redis.zcard(index) for index in indexes] == [len(old)] * 3
+        await asyncio.sleep(2.1)  # every old state has expired
+        new = [await client.enqueue(Echo()) for _ in range(PRUNE_EVERY)]
+        await run_burst(agent)
+        for index in indexes:
+            assert sorted(await redis.zrange(index, 0, -1)) == sorted(job_id.encode() for job_id in new), index
+
+
+async def test_the_shared_indexes_are_not_read_for_pruning_at_every_job(
+    private_redis: PrivateRedis, tmp_path: Path
+) -> None:
+    """The prune's read of an index every job writes (ZRANGEBYSCORE, a few microseconds of Redis
+    each even when it finds nothing) runs once per PRUNE_EVERY jobs, not once per job and index.
+    Counted with Redis's slow log at a 0 threshold, which records the calls scripts make too."""
+    settings = AgentSettings(
+        redis_url=private_redis.url, namespace="prune", database_url=f"sqlite+aiosqlite:///{tmp_path}/a.db"
+    )
+    jobs = 4 * PRUNE_EVERY
+    async with Agent(settings) as agent:
+        client = ClientAgent(agent)
+        redis = agent.job_store.redis
+        await redis.config_set("slowlog-max-len", 100_000)
+        await redis.config_set("slowlog-log-slower-than", 0)
+        for _ in range(jobs):
+            await client.enqueue(Echo())
+        enqueue_reads = await _index_reads(redis)
+        await run_burst(agent)
+        end_reads = await _index_reads(redis)
+    # Pruned per job, it was one read per enqueue (the all-jobs index) and two per end (the name
+    # and status indexes).
+    assert 1 <= enqueue_reads <= jobs // PRUNE_EVERY
+    assert 2 <= end_reads <= 2 * jobs // PRUNE_EVERY
+
+
+async def _index_reads(redis: Redis) -> int:
+    """ZRANGEBYSCORE calls on the indexes every job writes since the last call (then the log is
+    reset). The active index is read by the recovery pass: not counted."""
+    entries = await redis.execute_command("SLOWLOG", "GET", 100_000)
+    await redis.slowlog_reset()
+    shared = (b"prune:idx:all", b"prune:idx:name:", b"prune:idx:status:")
+    return sum(1 for entry in entries if entry[3][0].upper() == b"ZRANGEBYSCORE" and entry[3][1].startswith(shared))
 
 
 async def test_state_round_trips_through_dict(drain: Drain, agent: Agent, client: ClientAgent) -> None:

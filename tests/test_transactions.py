@@ -199,6 +199,33 @@ async def test_the_claim_picks_up_and_starts_each_job_it_takes(agent: Agent, cli
     assert await redis.get(f"arq:retry:{names.cron_function('nightly', 0)}:1") is None
 
 
+async def test_the_claim_counts_tries_with_their_expiry_as_arq_does(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """arq's pickup INCRs a job's tries and renews their expiry at every try: the claim's pickup
+    does the same (a first try in one SET), so arq's try limit sees every try."""
+    job_id = await client.enqueue(Echo(text="x"))
+    names = agent.engine.names
+    engine_id = names.engine_job_id(job_id)
+    tries_key = f"arq:retry:{engine_id}"
+
+    async def claim() -> int:
+        claimed = parse_claim(await run_script(redis, claim_call(
+            names.queue, names.wake_key, wanted=1, ttl_ms=10_000, read_limit=100, pickup=pickup_for(agent),
+        )))
+        return claimed.picked[engine_id].tries
+
+    assert await claim() == 1
+    assert await redis.get(tries_key) == b"1"
+    assert 88_000 < await redis.ttl(tries_key) <= 88_400
+    await redis.expire(tries_key, 100)
+    # Claimed again after its claim was released (a lost worker's job, a retry): tries 2, expiry renewed.
+    await redis.delete(f"arq:in-progress:{engine_id}")
+    assert await claim() == 2
+    assert await redis.get(tries_key) == b"2"
+    assert 88_000 < await redis.ttl(tries_key) <= 88_400
+
+
 async def test_a_start_that_fails_in_the_claim_fails_that_job_alone(
     agent: Agent, client: ClientAgent, redis: Redis
 ) -> None:

@@ -42,8 +42,10 @@ def lua_source(package: str, name: str, constants: Mapping[str, str] | None = No
     return text
 
 
-# Index entries older than the retention are checked this many at a time (see lib.lua's prune).
+# Index entries older than the retention are checked this many at a time (see lib.lua's prune);
+# an index every job writes is pruned at every PRUNE_EVERY-th write, that many times as many.
 _PRUNE_BATCH = 10
+PRUNE_EVERY = 8
 # The event stream keeps about this many events (XADD MAXLEN ~): a late reader replays what is left.
 EVENTS_KEPT = 100_000
 
@@ -65,7 +67,8 @@ def with_store_lib(
 ) -> LuaScript:
     """`body` after the engine's Lua library and store/lua/lib.lua (see store_script)."""
     constants = {
-        **lua_constants(), "@PRUNE_BATCH@": str(_PRUNE_BATCH), "@EVENTS@": events_key,
+        **lua_constants(), "@PRUNE_BATCH@": str(_PRUNE_BATCH),
+        "@PRUNE_EVERY@": str(PRUNE_EVERY), "@EVENTS@": events_key,
         "@EVENTS_KEPT@": str(EVENTS_KEPT), **metrics_constants(metrics_key),
     }
     lib = lua_source("agent_async.store", "lib.lua", constants)

@@ -32,8 +32,7 @@ while claimed < wanted and read < limit do
   local i = 1
   while i < last and claimed < wanted do
     local claim = prefix .. due[i]
-    if redis.call('EXISTS', claim) == 0 then
-      redis.call('PSETEX', claim, ttl_ms, '1')
+    if redis.call('SET', claim, '1', 'PX', ttl_ms, 'NX') then  -- arq's EXISTS then PSETEX, in one call
       reply[#reply + 1] = due[i]
       reply[#reply + 1] = due[i + 1]
       reply[#reply + 1] = pickup(due[i], now)

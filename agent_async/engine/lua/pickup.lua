@@ -17,8 +17,12 @@ local function pickup(engine_id, now)
   local job_id = string.sub(engine_id, #P_ENGINE + 1)
   if string.sub(job_id, 1, 5) == 'cron:' then return false end
   local job = redis.call('GET', '@JOB_PREFIX@' .. engine_id)
-  local tries = redis.call('INCR', '@RETRY_PREFIX@' .. engine_id)
-  redis.call('EXPIRE', '@RETRY_PREFIX@' .. engine_id, @RETRY_TTL_S@)
+  -- arq's INCR then EXPIRE of the tries; a first try (most jobs) is one SET.
+  local tries_key, tries = '@RETRY_PREFIX@' .. engine_id, 1
+  if not redis.call('SET', tries_key, '1', 'EX', @RETRY_TTL_S@, 'NX') then
+    tries = redis.call('INCR', tries_key)
+    redis.call('EXPIRE', tries_key, @RETRY_TTL_S@)
+  end
   local aborted = 0
   if P_ABORT ~= '' then aborted = redis.call('ZREM', P_ABORT, engine_id) end
   -- A state that makes the start fail (not a hash) fails this job's start alone, not the claim of

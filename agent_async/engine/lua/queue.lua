@@ -16,8 +16,9 @@ local function engine_wake(queue)
   if n == 1 then redis.call('PEXPIRE', wake, WAKE_TTL_MS) elseif n > WAKE_CAP then redis.call('RPOP', wake) end
 end
 
-local function engine_has(job_key)
-  return redis.call('EXISTS', job_key) == 1
+-- Whether the engine holds the job, or any of the other keys given exists (one call for all).
+local function engine_has(job_key, ...)
+  return redis.call('EXISTS', job_key, ...) > 0
 end
 
 local function engine_queue(queue, job_key, engine_id, job_bytes, score_ms, ttl_ms)

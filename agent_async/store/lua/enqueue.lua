@@ -1,5 +1,5 @@
 -- enqueue: persist a PENDING state, take its concurrency slot, index it and queue the engine job,
--- all or nothing. Every check comes before the first write: a refused enqueue writes nothing.
+-- all or nothing: a refused enqueue writes nothing (its checks come first, or are undone).
 -- KEYS: state, active, user index|'', schedule index|'', gate|'', engine queue, engine job,
 --       owned blobs hash|''  (when the state has an owned_blobs field), all-jobs index
 -- ARGV: job id, now ms, gate limit, gate slot expiry ms, engine job id, engine score ms,
@@ -10,42 +10,50 @@
 local state, active, user_idx, sched_idx, gate, queue, engine_key, owned, all_idx =
   KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
 local job_id, now = ARGV[1], tonumber(ARGV[2])
-if redis.call('EXISTS', state) == 1 or engine_has(engine_key) then return -1 end
-for _, key in ipairs({active, user_idx, sched_idx, gate, queue, all_idx}) do
-  if not zset_or_none(key) then return -2 end
-end
+if engine_has(engine_key, state) then return -1 end
 local limit = tonumber(ARGV[3])
-if gate ~= '' and limit > 0 then
+local gated = gate ~= '' and limit > 0
+if not zset_or_none(queue) or (gated and not zset_or_none(gate)) then return -2 end
+if gated then
   redis.call('ZREMRANGEBYSCORE', gate, '-inf', now)
   if redis.call('ZCARD', gate) >= limit then
     metric('gate|' .. field_value(ARGV, 11, 'name'))
     return 0
   end
 end
+local name = field_value(ARGV, 11, 'name')
+-- The indexes are written first, each through pcall: one of the wrong type undoes those before
+-- it and refuses the enqueue with nothing written (a TYPE check of each first cost Redis one call
+-- per index on every enqueue).
+local indexed = {}
+for _, index in ipairs({active, all_idx, idx_key(active, 'name:' .. name), user_idx, sched_idx}) do
+  if index ~= '' then
+    local reply = redis.pcall('ZADD', index, now, job_id)
+    if type(reply) == 'table' and reply.err then
+      for _, done in ipairs(indexed) do redis.call('ZREM', done, job_id) end
+      return -2
+    end
+    indexed[#indexed + 1] = index
+  end
+end
 local fields = {}
 for i = 11, #ARGV do fields[#fields + 1] = ARGV[i] end
 fields[#fields + 1] = 'updated_ms'; fields[#fields + 1] = now
-if gate ~= '' and limit > 0 then
+if gated then
   fields[#fields + 1] = 'gate'; fields[#fields + 1] = gate
   fields[#fields + 1] = 'gate_ttl_ms'; fields[#fields + 1] = tonumber(ARGV[4]) - now
 end
 redis.call('HSET', state, unpack(fields))
-local name = field_value(ARGV, 11, 'name')
 emit_known(job_id, 'PENDING', now, name, field_value(ARGV, 11, 'user'), field_value(ARGV, 11, 'attempts'),
            field_value(ARGV, 11, 'error'))
-metric('enq|' .. name)
-redis.call('ZADD', active, now, job_id)
-redis.call('ZADD', all_idx, now, job_id)
-redis.call('ZADD', idx_key(active, 'name:' .. name), now, job_id)
-if user_idx ~= '' then redis.call('ZADD', user_idx, now, job_id) end
-if sched_idx ~= '' then redis.call('ZADD', sched_idx, now, job_id) end
-if gate ~= '' and limit > 0 then
+local enqueued = metric('enq|' .. name)
+if gated then
   redis.call('ZADD', gate, tonumber(ARGV[4]), job_id)
   if redis.call('PTTL', gate) < tonumber(ARGV[4]) - now then redis.call('PEXPIREAT', gate, tonumber(ARGV[4])) end
 end
 if owned ~= '' then redis.call('HSET', owned, job_id, redis.call('HGET', state, 'owned_blobs')) end
 engine_queue(queue, engine_key, ARGV[5], ARGV[7], ARGV[6], ARGV[8])
 prune(user_idx, ARGV[9], ARGV[10])
-prune(all_idx, ARGV[9], ARGV[10])
+prune(all_idx, ARGV[9], ARGV[10], enqueued)  -- every job's index: paced by the enqueue count
 prune(sched_idx, ARGV[9], ARGV[10])
 return 1

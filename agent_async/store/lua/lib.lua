@@ -4,6 +4,7 @@
 local TERMINAL = ',@TERMINAL@,'
 local WORKER_LOST = '@WORKER_LOST@'
 local PRUNE_BATCH = @PRUNE_BATCH@
+local PRUNE_EVERY = @PRUNE_EVERY@
 local EVENTS = '@EVENTS@'
 local EVENTS_KEPT = @EVENTS_KEPT@
 local METRICS = '@METRICS@'
@@ -13,9 +14,10 @@ local BUCKETS_MS = {@BUCKETS_MS@}
 -- Counters live in the namespace's metrics hash, written by the script that makes the transition:
 -- atomic with it, summed over every worker process and host, kept when a worker is SIGKILLed.
 -- Field names: agent_async.metrics.layout.
+-- Returns the counter's new value (nil when metrics are off).
 local function metric(field, by)
-  if METRICS == '' then return end  -- metrics are off (AGENT_METRICS_ENABLED=false)
-  redis.call('HINCRBY', METRICS, field, by or 1)
+  if METRICS == '' then return nil end  -- metrics are off (AGENT_METRICS_ENABLED=false)
+  return redis.call('HINCRBY', METRICS, field, by or 1)
 end
 
 -- One observation: its bucket's own count (not cumulative: the collector sums them) and the sum in ms.
@@ -64,10 +66,19 @@ local function may_resume(resume, attempts, max_try)
 end
 
 -- Index entries older than the retention are checked (and dropped if their state expired) a few
--- at a time, so indexes stay bounded without a full scan on any single call.
-local function prune(index, state_prefix, cutoff_ms)
+-- at a time, so indexes stay bounded without a full scan on any single call. An index written by
+-- every job is pruned on every PRUNE_EVERY-th write only, PRUNE_EVERY times as many at once
+-- (`due`: a count the script already holds says it is that write): the same bound, and one
+-- ZRANGEBYSCORE per PRUNE_EVERY jobs instead of one per job (each call in a script costs Redis
+-- a few microseconds, whatever it finds).
+local function prune(index, state_prefix, cutoff_ms, count)
   if index == '' then return end
-  local old = redis.call('ZRANGEBYSCORE', index, '-inf', cutoff_ms, 'LIMIT', 0, PRUNE_BATCH)
+  local batch = PRUNE_BATCH
+  if count then
+    if count % PRUNE_EVERY ~= 1 then return end
+    batch = PRUNE_BATCH * PRUNE_EVERY
+  end
+  local old = redis.call('ZRANGEBYSCORE', index, '-inf', cutoff_ms, 'LIMIT', 0, batch)
   for _, member in ipairs(old) do
     if redis.call('EXISTS', state_prefix .. member) == 0 then redis.call('ZREM', index, member) end
   end
@@ -152,12 +163,15 @@ local function group_child_ended(group, job_id, status, now, active, retention_s
   if ended >= tonumber(redis.call('HGET', group, 'total')) then fire_finalizer(group, active, now, retention_s) end
 end
 
+-- The fields end_job reads, in its order; a script that read them already passes them (`known`).
+local END_FIELDS = {'gate', 'group', 'name', 'status', 'started_ms', 'user', 'attempts', 'error'}
+
 -- Ends a state for good: terminal fields, out of the active index and the leases, slot freed,
 -- retention TTL, its group told. Every script that can end a job ends it through here.
-local function end_job(state, active, leases, job_id, status, now, retention_s, err, result)
+local function end_job(state, active, leases, job_id, status, now, retention_s, err, result, known)
   -- Read before the status is overwritten: whether it was running, and since when; and what the
   -- event carries (nothing below changes the name, user or attempts).
-  local h = redis.call('HMGET', state, 'gate', 'group', 'name', 'status', 'started_ms', 'user', 'attempts', 'error')
+  local h = known or redis.call('HMGET', state, unpack(END_FIELDS))
   local fields = {'status', status, 'updated_ms', now, 'finished_ms', now}
   if err and err ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = err; h[8] = err end
   if result and result ~= '' then fields[#fields + 1] = 'result'; fields[#fields + 1] = result end
@@ -169,11 +183,12 @@ local function end_job(state, active, leases, job_id, status, now, retention_s, 
   local name, counts = h[3] or '', idx_key(active, 'counts:' .. math.floor(now / 3600000))
   redis.call('ZADD', idx_key(active, 'status:' .. status), now, job_id)
   -- The hour's hash gets its expiry with its first count of each kind (not at every count).
-  if redis.call('HINCRBY', counts, name .. '|' .. status, 1) == 1 then
-    redis.call('EXPIRE', counts, retention_s + 3600)
-  end
+  local ended = redis.call('HINCRBY', counts, name .. '|' .. status, 1)
+  if ended == 1 then redis.call('EXPIRE', counts, retention_s + 3600) end
   local prefix, cutoff = string.sub(state, 1, -#job_id - 1), now - retention_s * 1000
-  prune(idx_key(active, 'status:' .. status), prefix, cutoff); prune(idx_key(active, 'name:' .. name), prefix, cutoff)
+  -- Both indexes gain an entry with each end of this name and status: that count paces them.
+  prune(idx_key(active, 'status:' .. status), prefix, cutoff, ended)
+  prune(idx_key(active, 'name:' .. name), prefix, cutoff, ended)
   emit_known(job_id, status, now, name, h[6], h[7], h[8])
   metric('fin|' .. name .. '|' .. status)
   if h[4] == 'STARTED' then
