@@ -30,12 +30,10 @@ from agent_async import (
     agent_job,
 )
 from agent_async.guard import ConnectionGuard, GuardConfig
-from agent_async.lifecycle import lua_constants
 from agent_async.metrics import BUCKETS_S, render
 from agent_async.metrics.collector import CONTENT_TYPE, MetricsSnapshot
 from agent_async.metrics.layout import Field
-from agent_async.metrics.layout import lua_constants as metrics_constants
-from agent_async.store.scripts import EVENTS_KEPT, lua_source
+from agent_async.store.scripts import lua_source, store_lib_constants
 from agent_async.worker import JobRecovery
 from tests.conftest import Drain, running_worker, wait_for_status
 from tests.jobs import Boom, Echo, Flaky, Gated, NotResumable, Resumable, Sleeper
@@ -149,9 +147,7 @@ async def test_histograms_are_cumulative_and_end_at_their_count(drain: Drain, cl
 
 async def test_the_lua_bounds_are_the_python_bounds_and_le_is_inclusive(redis: Redis, namespace: str) -> None:
     metrics_key = f"{namespace}:metrics"
-    constants = {**lua_constants(), "@PRUNE_BATCH@": "10", "@PRUNE_EVERY@": "8", "@EVENTS@": "",
-                 "@EVENTS_KEPT@": str(EVENTS_KEPT), **metrics_constants(metrics_key)}
-    lib = lua_source("agent_async.store", "lib.lua", constants)
+    lib = lua_source("agent_async.store", "lib.lua", store_lib_constants(events_key="", metrics_key=metrics_key))
     bounds = await redis.eval(lib + "\nreturn BUCKETS_MS", 0)  # type: ignore[misc]
     assert bounds == [round(b * 1000) for b in BUCKETS_S]
     # 5 ms is in the 5 ms bucket (le is <=), 6 ms in the next, a day beyond the last bound.

@@ -11,9 +11,14 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from agent_async.lifecycle import lua_constants
-from agent_async.metrics.layout import lua_constants as metrics_constants
-from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_source, run_script
+from agent_async.store.scripts import (
+    LuaScript,
+    ScriptCall,
+    load_scripts,
+    lua_source,
+    run_script,
+    store_lib_constants,
+)
 
 # Returns its keys and arguments joined, and how many it got of each.
 ECHO_SOURCE = "return {KEYS[1] .. '|' .. ARGV[1], #KEYS, #ARGV, KEYS[2] or false, ARGV[2] or false}"
@@ -220,11 +225,8 @@ def test_library_lua_needs_its_constants() -> None:
     """lib.lua's placeholders come from agent_async.lifecycle: without them it is refused."""
     with pytest.raises(ValueError, match=r"lib\.lua"):
         lua_source("agent_async.store", "lib.lua")
-    store_constants = {
-        "@PRUNE_BATCH@": "10", "@PRUNE_EVERY@": "8", "@EVENTS@": "ns:events", "@EVENTS_KEPT@": "1000",
-        **metrics_constants("ns:metrics"),
-    }
-    filled = lua_source("agent_async.store", "lib.lua", {**lua_constants(), **store_constants})
+    constants = store_lib_constants(events_key="ns:events", metrics_key="ns:metrics")
+    filled = lua_source("agent_async.store", "lib.lua", constants)
     assert "@TERMINAL@" not in filled and "@PRUNE_BATCH@" not in filled and "'ns:events'" in filled
 
 

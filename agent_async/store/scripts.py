@@ -62,15 +62,19 @@ def store_script(
     return with_store_lib(body, engine_lua, events_key=events_key, metrics_key=metrics_key, packed=packed)
 
 
+def store_lib_constants(*, events_key: str, metrics_key: str = "") -> dict[str, str]:
+    """What fills store/lua/lib.lua's placeholders (see store_script for the two keys)."""
+    return {
+        **lua_constants(), "@PRUNE_BATCH@": str(_PRUNE_BATCH), "@PRUNE_EVERY@": str(PRUNE_EVERY),
+        "@EVENTS@": events_key, "@EVENTS_KEPT@": str(EVENTS_KEPT), **metrics_constants(metrics_key),
+    }
+
+
 def with_store_lib(
     body: str, engine_lua: str, *, events_key: str, metrics_key: str = "", packed: bool = False
 ) -> LuaScript:
     """`body` after the engine's Lua library and store/lua/lib.lua (see store_script)."""
-    constants = {
-        **lua_constants(), "@PRUNE_BATCH@": str(_PRUNE_BATCH),
-        "@PRUNE_EVERY@": str(PRUNE_EVERY), "@EVENTS@": events_key,
-        "@EVENTS_KEPT@": str(EVENTS_KEPT), **metrics_constants(metrics_key),
-    }
+    constants = store_lib_constants(events_key=events_key, metrics_key=metrics_key)
     lib = lua_source("agent_async.store", "lib.lua", constants)
     return LuaScript(engine_lua + "\n" + lib + "\n" + body, packed=packed)
 

@@ -68,7 +68,7 @@ end
 -- Index entries older than the retention are checked (and dropped if their state expired) a few
 -- at a time, so indexes stay bounded without a full scan on any single call. An index written by
 -- every job is pruned on every PRUNE_EVERY-th write only, PRUNE_EVERY times as many at once
--- (`due`: a count the script already holds says it is that write): the same bound, and one
+-- (`count`, one the script already holds, says it is that write): the same bound, and one
 -- ZRANGEBYSCORE per PRUNE_EVERY jobs instead of one per job (each call in a script costs Redis
 -- a few microseconds, whatever it finds).
 local function prune(index, state_prefix, cutoff_ms, count)

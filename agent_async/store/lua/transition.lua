@@ -23,7 +23,7 @@ else
   if ARGV[5] ~= '' then redis.call('HSET', state, 'result', ARGV[5]) end
   redis.call('HSET', state, 'status', new_status, 'updated_ms', now)
   if ARGV[6] ~= '' then redis.call('HSET', state, 'error', ARGV[6]) end
-  emit(state, job_id, new_status, now)
+  emit_known(job_id, new_status, now, h[3], h[6], h[7], ARGV[6])  -- its error is ARGV[6] now, or none
   -- jobs_in_progress is derived (agent_async.metrics.layout.Field.IN_PROGRESS_ADJUST): a retry
   -- ends a run; any other way out of STARTED, or into it, is an adjustment (rare paths only).
   local name, left = h[3] or '', current == 'STARTED' and new_status ~= 'STARTED'
