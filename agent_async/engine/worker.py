@@ -20,6 +20,7 @@ from arq.worker import Worker
 from redis.exceptions import NoScriptError, RedisError
 
 from agent_async.engine.claim import SERVER_NOW, Claimed, PickedUp, claim_call, next_wait, parse_claim
+from agent_async.engine.direct import DirectRun
 from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_REPLY, Hooks
 from agent_async.engine.transactions import Coalescer, PoolWithPickup, PoolWithScript
 from agent_async.engine.wakeup import Idle, Wait, Waker
@@ -100,7 +101,7 @@ async def run_stopping_on_signal(worker: StoppableWorker) -> None:
             raise
 
 
-class FastWorker(StoppableWorker):
+class FastWorker(StoppableWorker, DirectRun):
     """arq's Worker with fewer round trips per job (`Agent.run_worker`, `python -m app worker`).
 
     - Due jobs are claimed in one script per batch (as many as there are free slots) instead of
@@ -108,8 +109,9 @@ class FastWorker(StoppableWorker):
     - While idle it blocks in Redis on the queue's wake list instead of polling (push wake-up,
       docs/performance.md), bounded by the next deferred job, retry or cron tick.
     - The claim also picks each job up and makes its START transition (engine/lua/pickup.lua):
-      arq's pickup transaction is answered from the claim's reply. The outcome rides on arq's
-      finish transaction: no window in which arq has forgotten a job whose state is not terminal.
+      such a job runs in the task the worker made for it, without arq's second task and pickup
+      transaction (engine/direct.py). The outcome rides on arq's finish transaction: no window
+      in which arq has forgotten a job whose state is not terminal.
     - Jobs that arq drops before running them (no hook is called) are ended in that same finish.
     - Finishes of jobs that end together go out as one MULTI/EXEC (engine/transactions.py),
       with no timer.
@@ -149,12 +151,13 @@ class FastWorker(StoppableWorker):
         wait for work at its start (arq sleeps poll_delay between iterations instead)."""
         wait, self._wait = self._wait, None
         claimed = await self._wait_for_work(wait) if wait is not None else None
-        # Before the claim: a cron tick enqueued now counts in the claim's next-deferred time.
+        if claimed is not None:
+            self._wait = await self._start(claimed)  # before the heartbeat: it can wait, they cannot
+        # Before a claim: a cron tick enqueued now counts in the claim's next-deferred time.
         cron_runs = [job.next_run for job in self.cron_jobs]
         await self.heart_beat()
         ticked = cron_runs != [job.next_run for job in self.cron_jobs]
         if claimed is not None:
-            self._wait = await self._start(claimed)
             if ticked and self._wait is not None and self._wait.kind is Idle.WORK:
                 # That claim ran behind the wake-up, before the heartbeat queued a cron tick: its
                 # next-deferred time misses the tick. Claim again now, which sees it.
@@ -246,6 +249,9 @@ class FastWorker(StoppableWorker):
         else:
             if self._waker is None:
                 self._waker = Waker(cast(ArqRedis, self._pool), self._names.wake_key)
+            # One turn of the loop first: the jobs just started take their next step (into their
+            # attempt's task) before this wait builds and sends its claim (0.1 ms when idle).
+            await asyncio.sleep(0)
             # Slots only free up during the wait: the claim may take fewer than it could, never more.
             free = self.max_jobs - self.job_counter
             then = self._claim_call(free, SERVER_NOW) if free > 0 and self.allow_pick_jobs else None
@@ -299,17 +305,22 @@ class FastWorker(StoppableWorker):
         return cast(ArqRedis, PoolWithScript(base, call, wake_key, self.coalescer))
 
     async def run_job(self, job_id: str, score: int) -> None:
-        # The claim picked the job up and started it (pickup.lua): arq's pickup transaction (GET
-        # job, INCR tries) is answered from the claim's reply, with no round trip, and on_job_start
-        # reads the start's. If arq then drops the job before running it, finish_failed_job ends
-        # the state. A cron tick, or a job not of this namespace, arq picks up itself.
+        # The claim picked the job up and started it (pickup.lua): on_job_start reads the start's
+        # reply, and the job runs directly (engine/direct.py). Off that path arq's run_job runs
+        # it, its pickup transaction (GET job, INCR tries) answered from the claim's reply; if arq
+        # then drops the job before running it, finish_failed_job ends the state. A cron tick, or
+        # a job not of this namespace, arq picks up itself.
         picked = self._picked.pop(job_id, None)
         if picked is None:
             await super().run_job(job_id, score)
             return
-        tokens = _PICKED.set(picked), START_REPLY.set(picked.start)
+        direct = self.direct_job(picked)
+        tokens = _PICKED.set(None if direct else picked), START_REPLY.set(picked.start)
         try:
-            await super().run_job(job_id, score)
+            if direct is not None:
+                await self.run_direct(job_id, score, direct, picked.tries)
+            else:
+                await super().run_job(job_id, score)
         finally:
             _PICKED.reset(tokens[0])
             START_REPLY.reset(tokens[1])
