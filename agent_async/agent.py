@@ -24,7 +24,7 @@ from agent_async.schedules.overrides import ScheduleOverrides
 from agent_async.schedules.scheduler import Scheduler
 from agent_async.settings import AgentSettings
 from agent_async.state import JobState
-from agent_async.store import GateClaim, JobStore, KeySpace
+from agent_async.store import GateClaim, JobStore, KeySpace, check_buffers
 from agent_async.store.events import EventLog
 from agent_async.store.groups import GroupStore
 from agent_async.worker import JobContextFactory, WorkerService
@@ -105,7 +105,8 @@ class Agent:
 
     async def open(self) -> None:
         if not self.job_store.bound:
-            self.job_store.bind(Redis.from_url(self.settings.redis_url))
+            # Our own client: its pool checks connections without redis-py 5's zero-timeout read.
+            self.job_store.bind(check_buffers(Redis.from_url(self.settings.redis_url)))
             self._owns_redis = True
 
     async def close(self) -> None:

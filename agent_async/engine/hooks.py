@@ -37,7 +37,7 @@ from agent_async.logs import job_fields
 from agent_async.outage import OUTAGE_ERRORS, RedisOutage
 from agent_async.registry import JobRegistry
 from agent_async.schedules.scheduler import FireResult
-from agent_async.store import JobStore, ScriptCall
+from agent_async.store import JobStore, ScriptCall, check_buffers
 
 __all__ = ["START_REPLY", "Hooks", "JobHandler", "ScheduleTicker"]
 
@@ -110,7 +110,9 @@ class Hooks:
     # -- process -----------------------------------------------------------------------------
 
     async def on_startup(self, ctx: dict[str, Any]) -> None:
-        await self._jobs.startup(ctx["redis"])
+        # arq's pool (claims, finishes, and the store under arq's CLI): connections it makes from
+        # now on are checked without redis-py 5's zero-timeout read (store/readiness.py).
+        await self._jobs.startup(check_buffers(ctx["redis"]))
         if self._freeze_gc:
             # Everything alive now lives as long as the worker: out of the collector's sight, a
             # full collection no longer walks it (measured: one 50-60 ms stall of the event loop

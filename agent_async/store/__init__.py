@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from agent_async.store.jobs import CancelReply, EngineJob, EngineRef, GateClaim, JobStore
 from agent_async.store.keys import GLOBAL_SCOPE, KeySpace
+from agent_async.store.readiness import check_buffers
 from agent_async.store.scripts import LuaScript, ScriptCall, lua_source, run_script
 
 __all__ = [
@@ -16,6 +17,7 @@ __all__ = [
     "KeySpace",
     "LuaScript",
     "ScriptCall",
+    "check_buffers",
     "lua_source",
     "run_script",
 ]
