@@ -25,7 +25,11 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, ClassVar
+
+# This checkout first (its worker subprocesses too, started from this file), not the installed one.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from arq.connections import ArqRedis, RedisSettings, create_pool
 from arq.worker import Worker, func
