@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -11,16 +12,18 @@ from typing import TYPE_CHECKING, Any
 from agent_async.agent import Agent
 from agent_async.canceller import JobCanceller
 from agent_async.engine import QueueStats
-from agent_async.errors import RequestCode, RequestRefusedError, StorageError
+from agent_async.errors import BatchEnqueueError, EnqueueError, RequestCode, RequestRefusedError, StorageError
 from agent_async.groups import GroupFinalizer, GroupView
 from agent_async.lifecycle import JobStatus
 from agent_async.request import JobRequest
 from agent_async.runs import RunRecord
 from agent_async.schedules.scheduler import Scheduler
 from agent_async.state import JobState
-from agent_async.store.batch import run_scripts
+from agent_async.store.batch import BatchReply
 from agent_async.store.events import JobEvent
+from agent_async.store.jobs import GateClaim
 from agent_async.store.listing import JobListing, JobPage
+from agent_async.store.scripts import ScriptCall
 from agent_async.store.workers import WorkerDirectory, WorkerInfo
 
 if TYPE_CHECKING:
@@ -33,6 +36,12 @@ logger = logging.getLogger(__name__)
 # enqueue_many sends at most this many jobs per round trip: one MULTI/EXEC runs as a whole, and a
 # huge one would hold Redis (and every other client) for as long as it runs.
 _ENQUEUE_BATCH = 500
+# Building a batch gives the event loop a turn this often (jobs), so that the batch in flight is
+# written out while the next one is built, not after.
+_YIELD_EVERY = 50
+
+# One request of a batch, ready to send: its index in the caller's list, its state, its slot, its script.
+_Prepared = tuple[int, JobState, "GateClaim | None", ScriptCall]
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,21 +87,37 @@ class ClientAgent:
 
         Each job is queued exactly as `enqueue` would (its own gate check, all or nothing for that
         job): a refusal (RequestRefusedError's codes: concurrency limit, payload not JSON) is its
-        result, not an exception. QueueUnavailableError when Redis is down (then no job of the
-        current round trip was queued; earlier ones were); EnqueueError when Redis refuses.
+        result, not an exception. QueueUnavailableError when Redis is down, EnqueueError when it
+        refuses a round trip: then no job of it, or after it, was queued (earlier ones were). A job
+        that Redis refuses alone (a duplicate id, a key of the wrong type) raises EnqueueError too:
+        the jobs before it in its round trip were queued, it and those after it were not.
         """
         results: list[EnqueueResult] = [EnqueueResult(None)] * len(requests)
-        for start in range(0, len(requests), _ENQUEUE_BATCH):
-            await self._enqueue_batch(requests, range(start, min(start + _ENQUEUE_BATCH, len(requests))),
-                                      user_uid, defer_s, results)
+        batches = [range(start, min(start + _ENQUEUE_BATCH, len(requests)))
+                   for start in range(0, len(requests), _ENQUEUE_BATCH)]
+        # The next batch is built while Redis runs the one in flight (building is as long as Redis's
+        # work on it); it is sent only once that one is answered, so a failure still means no job
+        # of the failing round trip, and none after it, was queued.
+        prepared = await self._prepare(requests, batches[0], user_uid, defer_s, results) if batches else []
+        for k in range(len(batches)):
+            in_flight = asyncio.ensure_future(self._send(prepared))
+            try:
+                following = (await self._prepare(requests, batches[k + 1], user_uid, defer_s, results)
+                             if k + 1 < len(batches) else [])
+            finally:
+                replies = await in_flight
+            self._settle(prepared, replies, results)
+            prepared = following
         return results
 
-    async def _enqueue_batch(
+    async def _prepare(
         self, requests: Sequence[JobRequest], indexes: range, user_uid: str | None, defer_s: float,
         results: list[EnqueueResult],
-    ) -> None:
+    ) -> list[_Prepared]:
         prepared = []
         for i in indexes:
+            if i % _YIELD_EVERY == 0:
+                await asyncio.sleep(0)  # the batch in flight is written (and its reply read) meanwhile
             request = requests[i]
             try:
                 state = JobState(job_id=uuid.uuid4().hex, name=request.name, user_uid=user_uid,
@@ -106,14 +131,24 @@ class ClientAgent:
                 results[i] = EnqueueResult(None, exc.code, str(exc))
                 continue
             prepared.append((i, state, gate, call))
-        replies = await run_scripts(self._jobs.redis, [call for *_, call in prepared]) if prepared else []
-        for (i, state, gate, _), reply in zip(prepared, replies, strict=True):
+        return prepared
+
+    async def _send(self, prepared: list[_Prepared]) -> BatchReply:
+        return await self._jobs.create_many([call for *_, call in prepared]) if prepared else BatchReply([])
+
+    def _settle(self, prepared: list[_Prepared], batch: BatchReply, results: list[EnqueueResult]) -> None:
+        for (i, state, gate, _), reply in zip(prepared, batch.replies, strict=False):
             try:
                 self._jobs.check_created(state, gate, reply)
             except RequestRefusedError as exc:
                 results[i] = EnqueueResult(None, exc.code, str(exc))
+            except EnqueueError as exc:  # the batch stopped here (enqueue_many.lua)
+                raise BatchEnqueueError(str(exc), results[:i]) from exc
             else:
                 results[i] = EnqueueResult(state.job_id)
+        if batch.error is not None:
+            stopped = prepared[len(batch.replies)][0]
+            raise BatchEnqueueError(str(batch.error), results[:stopped]) from batch.error
 
     async def enqueue_named(
         self, name: str, payload: dict[str, Any], user_uid: str | None = None, *, defer_s: float = 0.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 __all__ = [
     "ERROR_JOB_CONCURRENT_LIMIT",
@@ -10,6 +11,7 @@ __all__ = [
     "ERROR_JOB_UNKNOWN",
     "AccessRevoked",
     "AgentError",
+    "BatchEnqueueError",
     "ConfigurationError",
     "ConnectionCoolingDown",
     "DuplicateJobError",
@@ -76,6 +78,16 @@ class EnqueueError(AgentError):
 
 class DuplicateJobError(EnqueueError):
     """A job with this id already exists (a schedule's tick seen by a second worker, typically)."""
+
+
+class BatchEnqueueError(EnqueueError):
+    """ClientAgent.enqueue_many stopped at a job Redis refused (a key of the wrong type): the jobs
+    before it were queued, and `results` says which (enqueue_many's results for the requests
+    before it); that job and every one after it were not."""
+
+    def __init__(self, message: str, results: list[Any]) -> None:
+        super().__init__(message)
+        self.results = results
 
 
 class QueueUnavailableError(AgentError, ConnectionError):

@@ -6,7 +6,15 @@ from __future__ import annotations
 import pytest
 from redis.asyncio import Redis
 
-from agent_async import Agent, AgentSettings, ClientAgent, JobStatus, QueueUnavailableError, RequestCode
+from agent_async import (
+    Agent,
+    AgentSettings,
+    BatchEnqueueError,
+    ClientAgent,
+    JobStatus,
+    QueueUnavailableError,
+    RequestCode,
+)
 from agent_async.client import EnqueueResult
 from tests.conftest import Drain
 from tests.faults.conftest import PrivateRedis
@@ -61,7 +69,7 @@ async def command_calls(redis: Redis) -> dict[str, int]:
     return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
 
 
-async def test_one_round_trip_per_batch_and_scripts_lost_by_redis_are_sent_again(
+async def test_one_script_call_per_batch_and_scripts_lost_by_redis_are_sent_again(
     private_redis: PrivateRedis, namespace: str
 ) -> None:
     async with Agent(AgentSettings(redis_url=private_redis.url, namespace=namespace)) as agent:
@@ -73,13 +81,51 @@ async def test_one_round_trip_per_batch_and_scripts_lost_by_redis_are_sent_again
         after = await command_calls(redis)
         assert all(r.accepted for r in results)
         assert await redis.zcard(agent.engine.names.queue) == 20
-        # One MULTI/EXEC that found the script missing, its reload, then one more for all 20.
-        assert after["exec"] - before.get("exec", 0) == 2
+        # One call that found the script missing, its reload, then one more for all 20.
+        assert after["evalsha"] - before.get("evalsha", 0) == 2
         assert after["script|load"] - before.get("script|load", 0) == 1
         before = await command_calls(redis)
         await client.enqueue_many([Echo(text=str(i)) for i in range(20)])
         after = await command_calls(redis)
-        assert after["exec"] - before["exec"] == 1 and after["evalsha"] - before["evalsha"] == 20
+        assert after["evalsha"] - before["evalsha"] == 1
+        # 20 jobs, one batch: their wake-up tokens in one push (not one per job).
+        assert after["lpush"] - before["lpush"] == 1
+
+
+async def test_batches_keep_the_order_and_every_job(
+    client: ClientAgent, agent: Agent, redis: Redis
+) -> None:
+    """More than one batch (500 jobs each): built while the one before is in flight, sent in turn."""
+    await client.enqueue_many([Echo(text="loads the script")])
+    before = await command_calls(redis)
+    requests = [Echo(text=str(i)) for i in range(1203)]
+    results = await client.enqueue_many(requests, user_uid="carol")
+    after = await command_calls(redis)
+    assert after["evalsha"] - before["evalsha"] == 3
+    ids = [r.job_id or "" for r in results]
+    assert all(ids) and len(set(ids)) == 1203
+    states = await agent.job_store.get_many(ids)
+    assert [s.payload["text"] if s else None for s in states] == [str(i) for i in range(1203)]
+    assert await client.count_for_user("carol") == 1203
+    assert await redis.zcard(agent.engine.names.queue) == 1204
+
+
+async def test_a_job_redis_refuses_stops_the_batch_and_says_which_were_queued(
+    client: ClientAgent, agent: Agent, redis: Redis
+) -> None:
+    """A key of the wrong type (the name index of one job type): the jobs before that job are
+    queued, the error says which; it and every job after it (of any type) wrote nothing."""
+    await redis.set(agent.keys.name_index(GatedFive.name), "not a zset")
+    batch: list[Echo | GatedFive] = [Echo(text="a"), Echo(text="b"), GatedFive(), Echo(text="c")]
+    with pytest.raises(BatchEnqueueError, match="wrong type") as caught:
+        await client.enqueue_many(batch, user_uid="dave")
+    queued = caught.value.results
+    assert len(queued) == 2 and all(r.accepted for r in queued)
+    assert await client.count_for_user("dave") == 2
+    assert await redis.zcard(agent.engine.names.queue) == 2
+    assert await agent.job_store.slots_held(agent.keys.gate(GatedFive.name, "dave")) == 0
+    states = await agent.job_store.get_many([r.job_id or "" for r in queued])
+    assert [s.payload["text"] if s else None for s in states] == ["a", "b"]
 
 
 async def test_redis_down_is_queue_unavailable(private_redis: PrivateRedis, namespace: str) -> None:

@@ -46,14 +46,14 @@ def bare_state() -> JobState:
 
 def test_round_trip_with_every_optional_field() -> None:
     state = full_state()
-    assert state_from_hash(as_redis(state_to_hash(state, resume=True, max_try=3))) == state
+    assert state_from_hash(as_redis(state_to_hash(state, resume=True, max_try=3)), state.job_id) == state
 
 
 def test_round_trip_with_no_optional_field() -> None:
     state = bare_state()
     fields = state_to_hash(state, resume=False, max_try=1)
-    assert state_from_hash(as_redis(fields)) == state
-    back = state_from_hash(as_redis(fields))
+    assert state_from_hash(as_redis(fields), state.job_id) == state
+    back = state_from_hash(as_redis(fields), state.job_id)
     assert back.user_uid is None and back.result is None and back.error is None
     assert back.schedule_name is None and back.started_ms is None and back.finished_ms is None
     assert back.status is JobStatus.PENDING and back.payload == {} and back.attempts == 0
@@ -63,7 +63,7 @@ def test_absent_optional_fields_are_absent_from_the_hash() -> None:
     fields = state_to_hash(bare_state(), resume=False, max_try=1)
     assert OPTIONAL_FIELDS.isdisjoint(fields), sorted(OPTIONAL_FIELDS & set(fields))
     assert "" not in fields.values()
-    assert set(fields) == {"id", "name", "status", "payload", "attempts", "created_ms", "resume", "max_try"}
+    assert set(fields) == {"name", "status", "payload", "attempts", "created_ms", "resume", "max_try"}
 
 
 def test_every_optional_field_is_written_when_set() -> None:
@@ -94,7 +94,7 @@ def test_an_empty_result_is_kept_as_an_empty_dict() -> None:
     state = JobState(job_id="j", name="n", status=JobStatus.SUCCESS, result={}, created_ms=1)
     fields = state_to_hash(state, resume=False, max_try=1)
     assert fields["result"] == "{}"
-    assert state_from_hash(as_redis(fields)).result == {}
+    assert state_from_hash(as_redis(fields), "j").result == {}
 
 
 @pytest.mark.parametrize(("resume", "max_try", "expected"), [(True, 3, ("1", "3")), (False, 1, ("0", "1"))])
@@ -117,7 +117,7 @@ def test_unicode_survives() -> None:
     fields = state_to_hash(state, resume=False, max_try=1)
     # Non-ASCII is stored as is (not \\u escapes).
     assert "日本語 🎉" in fields["payload"] and "\\u" not in fields["payload"]
-    assert state_from_hash(as_redis(fields)) == state
+    assert state_from_hash(as_redis(fields), state.job_id) == state
 
 
 async def test_round_trip_through_redis(redis: Redis, namespace: str) -> None:
@@ -126,22 +126,31 @@ async def test_round_trip_through_redis(redis: Redis, namespace: str) -> None:
     for state in (full_state(), bare_state()):
         await redis.hset(keys.state(state.job_id), mapping=state_to_hash(state, resume=True, max_try=2))  # type: ignore[arg-type]
         raw = await redis.hgetall(keys.state(state.job_id))  # type: ignore[misc]
-        assert state_from_hash(raw) == state
+        assert state_from_hash(raw, state.job_id) == state
         assert raw[b"resume"] == b"1" and raw[b"max_try"] == b"2"
+
+
+def test_the_id_is_the_keys_not_a_field() -> None:
+    """The hash does not repeat the id its key holds; a state written with an `id` field (by an
+    earlier version) still reads back, under its key's id."""
+    state = full_state()
+    fields = state_to_hash(state, resume=False, max_try=1)
+    assert "id" not in fields and state.job_id not in fields.values()
+    assert state_from_hash(as_redis({**fields, "id": state.job_id}), state.job_id) == state
 
 
 def test_a_hash_missing_a_required_field_is_an_error() -> None:
     fields = state_to_hash(bare_state(), resume=False, max_try=1)
-    for required in ("id", "name", "status", "payload", "created_ms"):
+    for required in ("name", "status", "payload", "created_ms"):
         broken = {k: v for k, v in fields.items() if k != required}
         with pytest.raises(KeyError):
-            state_from_hash(as_redis(broken))
+            state_from_hash(as_redis(broken), "j-bare")
 
 
 def test_an_unknown_status_is_an_error() -> None:
     fields = {**state_to_hash(bare_state(), resume=False, max_try=1), "status": "LOST"}
     with pytest.raises(ValueError, match="LOST"):
-        state_from_hash(as_redis(fields))
+        state_from_hash(as_redis(fields), "j-bare")
 
 
 def test_a_non_json_payload_is_refused_on_write() -> None:
@@ -178,4 +187,4 @@ def test_round_trip_of_any_json_payload(
     )
     fields = state_to_hash(state, resume=True, max_try=3)
     assert json.loads(fields["payload"]) == payload
-    assert state_from_hash(as_redis(fields)) == state
+    assert state_from_hash(as_redis(fields), "j") == state

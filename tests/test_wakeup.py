@@ -17,7 +17,7 @@ import pytest
 from arq.constants import in_progress_key_prefix
 from redis.asyncio import Redis
 
-from agent_async import Agent, AgentSettings, ClientAgent, JobStatus
+from agent_async import Agent, AgentSettings, ClientAgent, EnqueueResult, JobStatus
 from agent_async.engine.claim import SERVER_NOW, claim_call, parse_claim
 from agent_async.engine.wakeup import Waker
 from agent_async.engine.wire import WAKE_CAP, WAKE_TTL_MS
@@ -68,11 +68,17 @@ async def test_idle_worker_starts_a_job_well_under_poll_delay(agent: Agent, clie
 async def test_the_wake_list_is_capped_expires_and_is_dropped_once_stale(
     agent: Agent, client: ClientAgent, redis: Redis
 ) -> None:
-    """One token per job queued, at most WAKE_CAP of them, with an expiry: it cannot grow while no
-    worker reads it. A worker that finds nothing left to claim drops the stale tokens."""
+    """One token per job queued, trimmed back to WAKE_CAP once it holds twice as many, with an
+    expiry: it cannot grow while no worker reads it. A worker that finds nothing left to claim
+    drops the stale tokens. (A batch drops at most WAKE_CAP tokens for all its jobs.)"""
     key = agent.engine.names.wake_key
     results = await client.enqueue_many([Echo(text=str(i)) for i in range(WAKE_CAP + 10)])
     assert await redis.llen(key) == WAKE_CAP
+    lengths = []
+    for i in range(3 * WAKE_CAP):
+        results.append(EnqueueResult(await client.enqueue(Echo(text=f"one {i}"))))
+        lengths.append(await redis.llen(key))
+    assert max(lengths) == 2 * WAKE_CAP - 1 and min(lengths) == WAKE_CAP
     assert 0 < await redis.pttl(key) <= WAKE_TTL_MS
     async with running_worker(agent, poll_delay=POLL_DELAY_S):
         for result in results:

@@ -1,45 +1,44 @@
-"""Many store scripts in one round trip (ClientAgent.enqueue_many)."""
+"""Many enqueues in one script call (ClientAgent.enqueue_many): store/lua/enqueue_many.lua."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, TimeoutError
+from redis.exceptions import RedisError, TimeoutError
 
 from agent_async.errors import EnqueueError, QueueUnavailableError
-from agent_async.store.scripts import ScriptCall
+from agent_async.store.scripts import LuaScript, ScriptCall, run_script
 
-__all__ = ["run_scripts"]
+__all__ = ["BatchReply", "run_batch"]
 
 
-async def run_scripts(redis: Redis, calls: Sequence[ScriptCall]) -> list[Any]:
-    """EVALSHA each call inside one MULTI/EXEC: one round trip, and either every script runs or
-    none does (a connection lost before EXEC queues nothing). Each script keeps its own checks.
+@dataclass(frozen=True, slots=True)
+class BatchReply:
+    """enqueue_many.lua's answer: one enqueue reply per job it ran, in order; `error` when the
+    job after those raised (then it and every job after it were not queued)."""
 
-    Scripts Redis had lost (NOSCRIPT: a restart, a flush) did not run: they are loaded and sent
-    once more. QueueUnavailableError if Redis is unreachable, EnqueueError if it refuses one.
+    replies: list[Any]
+    error: EnqueueError | None = None
+
+
+async def run_batch(redis: Redis, script: LuaScript, calls: Sequence[ScriptCall]) -> BatchReply:
+    """Run enqueue calls (JobStore.create_call's) through `script` (enqueue_many.lua) in one call.
+
+    QueueUnavailableError if Redis is unreachable, EnqueueError if it refuses the call as a whole;
+    in both cases no job of the batch was queued (a script runs whole or not at all).
     """
-    replies: list[Any] = [None] * len(calls)
-    todo = list(range(len(calls)))
-    for _ in range(2):
-        try:
-            async with redis.pipeline(transaction=True) as pipe:
-                for i in todo:
-                    calls[i].queue_on(pipe)
-                sent = await pipe.execute(raise_on_error=False)
-        except (RedisConnectionError, TimeoutError) as exc:
-            raise QueueUnavailableError(f"could not enqueue: Redis is unreachable ({exc})") from exc
-        for i, reply in zip(todo, sent, strict=True):
-            replies[i] = reply
-        todo = [i for i in todo if isinstance(replies[i], NoScriptError)]
-        if not todo:
-            break
-        for source in {calls[i].script.source for i in todo}:
-            await redis.script_load(source)
-    for reply in replies:
-        if isinstance(reply, Exception):
-            raise EnqueueError(f"could not enqueue: {reply}")
-    return replies
+    call = script([], [json.dumps([c.texts() for c in calls])])
+    try:
+        replies = list(await run_script(redis, call))
+    except (RedisConnectionError, TimeoutError) as exc:
+        raise QueueUnavailableError(f"could not enqueue: Redis is unreachable ({exc})") from exc
+    except RedisError as exc:
+        raise EnqueueError(f"could not enqueue: {exc}") from exc
+    if replies and isinstance(replies[-1], bytes):
+        return BatchReply(replies[:-1], EnqueueError(f"could not enqueue: {replies[-1].decode()}"))
+    return BatchReply(replies)

@@ -6,7 +6,7 @@ import json
 import math
 from typing import Any
 
-__all__ = ["check_json_safe", "dumps", "dumps_bytes", "loads"]
+__all__ = ["check_json_safe", "dumps", "dumps_bytes", "loads", "text"]
 
 _ENCODER = json.JSONEncoder(ensure_ascii=False, allow_nan=False, separators=(",", ":"))
 
@@ -61,3 +61,8 @@ def check_json_safe(value: Any, path: str = "payload") -> None:
             check_json_safe(item, f"{path}.{key}")
         return
     raise ValueError(f"{path} is a {type(value).__name__}, which is not JSON-safe")
+
+
+def text(value: object) -> str:
+    """A Redis reply or argument as text: bytes are UTF-8 (str(b"x") would give the repr "b'x'")."""
+    return value.decode() if isinstance(value, bytes) else str(value)

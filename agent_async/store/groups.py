@@ -15,6 +15,7 @@ from typing import Any
 
 from agent_async.errors import DuplicateJobError
 from agent_async.lifecycle import now_ms
+from agent_async.store import codec
 from agent_async.store.jobs import JobStore, _reachable
 from agent_async.store.scripts import run_script, store_script
 
@@ -144,14 +145,14 @@ class GroupStore:
                 [k.group(group_id), k.active_index, k.leases],
                 [now_ms(), self._jobs.retention_s, k.cancel_channel, k.state("")],
             ))
-        status = _text(reply[0])
+        status = codec.text(reply[0])
         return None if not status else (GroupStatus(status), int(reply[1]))
 
     async def finalize_pending(self, *, limit: int = 100) -> int:
         """Queue the finalizers that could not be queued before; returns how many were."""
         k = self._jobs.keys
         redis = self._jobs.redis
-        group_ids = [_text(gid) for gid in await redis.zrange(k.groups_final_pending, 0, limit - 1)]
+        group_ids = [codec.text(gid) for gid in await redis.zrange(k.groups_final_pending, 0, limit - 1)]
         queued = 0
         for group_id in group_ids:
             reply = int(await run_script(
@@ -162,10 +163,6 @@ class GroupStore:
             elif reply == 0:
                 await redis.zrem(k.groups_final_pending, group_id)  # settled meanwhile, or expired
         return queued
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _opt_int(value: str | None) -> int | None:

@@ -25,12 +25,12 @@ from agent_async.lifecycle import JobStatus, StartDecision, now_ms
 from agent_async.state import JobState
 from agent_async.store import codec, scripts
 from agent_async.store.autopipeline import AutoPipeline
+from agent_async.store.batch import BatchReply, run_batch
 from agent_async.store.keys import KeySpace
 from agent_async.store.schema import CANCEL_REQUESTED_FIELD, state_from_hash, state_to_hash
 from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_source, run_script, store_script
 
 __all__ = ["CancelReply", "EngineJob", "EngineRef", "GateClaim", "JobStore"]
-
 
 
 class CancelReply(Enum):
@@ -83,10 +83,6 @@ def _reachable(what: str) -> Iterator[None]:
         raise QueueUnavailableError(f"could not {what}: Redis is unreachable ({exc})") from exc
 
 
-def _text(reply: object) -> str:
-    return reply.decode() if isinstance(reply, bytes) else str(reply)
-
-
 class JobStore:
     """Reads and writes JobState; every multi-key change is one Lua script, so it is all-or-nothing.
 
@@ -111,10 +107,11 @@ class JobStore:
         # Enqueues and state reads of concurrent callers share round trips (autopipeline.py).
         self.pipeline = AutoPipeline(lambda: self.redis)
 
-        def script(name: str, *, packed: bool = False) -> LuaScript:
+        def script(name: str | tuple[str, ...], *, packed: bool = False) -> LuaScript:
             return store_script(name, engine_lua, events_key=events_key, metrics_key=metrics_key, packed=packed)
 
-        self._enqueue = script("enqueue.lua", packed=True)
+        self._enqueue = script(("enqueue_job.lua", "enqueue.lua"), packed=True)
+        self._enqueue_many = script(("enqueue_job.lua", "enqueue_many.lua"))
         self._start = script("start.lua", packed=True)
         self._transition = script("transition.lua", packed=True)
         self._cancel = script("cancel.lua")
@@ -199,6 +196,10 @@ class JobStore:
         ]
         return self._enqueue(keys, args)
 
+    async def create_many(self, calls: Sequence[ScriptCall]) -> BatchReply:
+        """`create_call`s in one script call, each job queued as `create` queues it (store/batch.py)."""
+        return await run_batch(self.redis, self._enqueue_many, calls)
+
     def check_created(self, state: JobState, gate: GateClaim | None, outcome: Any) -> None:
         """Turn the enqueue script's reply into the exception `create` documents (none if queued)."""
         if outcome == 0:
@@ -235,10 +236,10 @@ class JobStore:
         if code == -1:
             return StartDecision(run=False, reason="no state")
         if code == -2:
-            return StartDecision(run=False, reason=f"already {_text(reply[1])}")
+            return StartDecision(run=False, reason=f"already {codec.text(reply[1])}")
         if code == -3:
-            return StartDecision(run=False, reason=f"redelivered after its worker was lost: {_text(reply[1])}")
-        return StartDecision(run=True, attempts=code, user_uid=_text(reply[1]) or None, name=_text(reply[2]))
+            return StartDecision(run=False, reason=f"redelivered after its worker was lost: {codec.text(reply[1])}")
+        return StartDecision(run=True, attempts=code, user_uid=codec.text(reply[1]) or None, name=codec.text(reply[2]))
 
     async def transition(
         self, job_id: str, status: JobStatus, *, result: dict[str, object] | None = None, error: str | None = None
@@ -277,7 +278,7 @@ class JobStore:
         """Cancel at once if not started, else flag it for its worker (see cancel.lua)."""
         k = self.keys
         with _reachable(f"cancel job {job_id}"):
-            reply = _text(await run_script(self.redis, self._cancel(
+            reply = codec.text(await run_script(self.redis, self._cancel(
                 [k.state(job_id), k.active_index, k.leases, engine.queue_key, engine.job_key],
                 [job_id, now_ms(), self.retention_s, engine.engine_job_id, k.cancel_channel],
             )))
@@ -289,7 +290,7 @@ class JobStore:
         """Re-queue or end a job no worker holds (see orphan.lua); None if it was alive after all."""
         k = self.keys
         ref = engine.ref
-        reply = _text(await run_script(self.redis, self._orphan(
+        reply = codec.text(await run_script(self.redis, self._orphan(
             [k.state(job_id), k.active_index, k.leases, ref.queue_key, ref.job_key, ref.claim_key],
             [job_id, now_ms(), self.retention_s, ref.engine_job_id, engine.job_bytes, engine.score_ms,
              engine.ttl_ms],
@@ -332,7 +333,7 @@ class JobStore:
     async def get(self, job_id: str) -> JobState | None:
         with _reachable(f"read job {job_id}"):
             raw = await self.pipeline.hgetall(self.keys.state(job_id))
-        return state_from_hash(raw) if raw else None
+        return state_from_hash(raw, job_id) if raw else None
 
     async def get_many(self, job_ids: Sequence[str]) -> list[JobState | None]:
         if not job_ids:
@@ -342,7 +343,7 @@ class JobStore:
                 for job_id in job_ids:
                     pipe.hgetall(self.keys.state(job_id))
                 raws = await pipe.execute()
-        return [state_from_hash(raw) if raw else None for raw in raws]
+        return [state_from_hash(raw, job_id) if raw else None for job_id, raw in zip(job_ids, raws, strict=True)]
 
     async def list_for_user(self, user_uid: str, *, offset: int = 0, limit: int = 50) -> list[JobState]:
         """The user's jobs, newest first."""

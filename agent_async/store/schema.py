@@ -4,7 +4,7 @@ Payload and result are stored as JSON strings, so a script never decodes or re-e
 
 | field | written by | content |
 |---|---|---|
-| id, name, status, payload, attempts, created_ms | enqueue | the JobState |
+| name, status, payload, attempts, created_ms | enqueue | the JobState (its id is the key's, not a field) |
 | user, schedule, retry_of | enqueue | owner uid, schedule name, the job this one retries (absent for none) |
 | result, error | transition, orphan | the outcome (result JSON; error text `<ErrorKind>: ...`) |
 | started_ms, finished_ms, updated_ms | start, transition, end | epoch ms |
@@ -35,7 +35,6 @@ def state_to_hash(
 ) -> dict[str, str]:
     """The hash fields enqueue writes for a new state."""
     fields = {
-        "id": state.job_id,
         "name": state.name,
         "status": state.status.value,
         "payload": codec.dumps(state.payload),
@@ -58,14 +57,16 @@ def state_to_hash(
     return fields
 
 
-def state_from_hash(raw: Mapping[bytes, bytes]) -> JobState:
+def state_from_hash(raw: Mapping[bytes, bytes], job_id: str) -> JobState:
+    """The state of job `job_id` (its key's) from its hash. States written by earlier versions hold an
+    `id` field: it is ignored (it always equalled the key's id; dropping it saved each state 40 bytes)."""
     h = {k.decode(): v.decode() for k, v in raw.items()}
 
     def opt_int(key: str) -> int | None:
         return int(h[key]) if h.get(key) else None
 
     return JobState(
-        job_id=h["id"],
+        job_id=job_id,
         name=h["name"],
         user_uid=h.get("user") or None,
         status=JobStatus(h["status"]),

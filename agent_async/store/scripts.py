@@ -16,6 +16,7 @@ from redis.exceptions import NoScriptError
 
 from agent_async.lifecycle import lua_constants
 from agent_async.metrics.layout import lua_constants as metrics_constants
+from agent_async.store import codec
 from agent_async.store.autopipeline import AutoPipeline
 
 __all__ = ["LuaScript", "ScriptCall", "load_scripts", "lua_source", "run_script"]
@@ -51,14 +52,16 @@ EVENTS_KEPT = 100_000
 
 
 def store_script(
-    name: str, engine_lua: str, *, events_key: str, metrics_key: str = "", packed: bool = False
+    name: str | Sequence[str], engine_lua: str, *, events_key: str, metrics_key: str = "", packed: bool = False
 ) -> LuaScript:
-    """A store script: the engine's Lua library, then store/lua/lib.lua, then the script itself.
+    """A store script: the engine's Lua library, then store/lua/lib.lua, then the script itself
+    (`name`, or several files in order: the script's own library first).
 
     `events_key` is the namespace's event stream and `metrics_key` its metrics hash, written by the
     same scripts as the transitions (so the script text, and its SHA, is per namespace); '' turns
     either off."""
-    body = lua_source("agent_async.store", name)
+    names = [name] if isinstance(name, str) else name
+    body = "\n".join(lua_source("agent_async.store", n) for n in names)
     return with_store_lib(body, engine_lua, events_key=events_key, metrics_key=metrics_key, packed=packed)
 
 
@@ -112,18 +115,19 @@ class ScriptCall:
     def argv(self) -> tuple[Arg, ...]:
         """EVALSHA's arguments after the SHA."""
         if self.script.packed:
-            packed = json.dumps([[_text(k) for k in self.keys], [_text(a) for a in self.args]])
-            return (0, packed)
+            return (0, json.dumps(self.texts()))
         return (len(self.keys), *self.keys, *self.args)
+
+    def texts(self) -> list[list[str]]:
+        """[keys, args] as text: what a packed script (or a batch of them) decodes."""
+        # Most arguments are str already: the type test inline skips a call per argument (an
+        # enqueue has about 35, and enqueue_many's rate is bound by its Python per job).
+        return [[k if type(k) is str else codec.text(k) for k in self.keys],
+                [a if type(a) is str else codec.text(a) for a in self.args]]
 
     def queue_on(self, pipe: Pipeline) -> None:
         """Queue as EVALSHA: the caller must have loaded the script and handle NOSCRIPT."""
         pipe.execute_command("EVALSHA", self.script.sha, *self.argv())
-
-
-def _text(value: Arg) -> str:
-    # JSON carries text: bytes are UTF-8 (str(b"x") would send the repr "b'x'").
-    return value.decode() if isinstance(value, bytes) else value if isinstance(value, str) else str(value)
 
 
 async def load_scripts(redis: Redis, scripts: Sequence[LuaScript]) -> None:

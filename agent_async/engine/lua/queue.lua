@@ -9,11 +9,25 @@ local WAKE_TTL_MS = @WAKE_TTL_MS@
 
 -- Push wake-up: one token per job made runnable (due now or deferred: a deferred one may be due
 -- sooner than an idle worker's wait), so one job wakes at most one idle fast worker (BLPOP serves
--- one client per token). Capped and expiring: busy workers poll and never read it.
-local function engine_wake(queue)
-  local wake = queue .. '@WAKE_SUFFIX@'
-  local n = redis.call('LPUSH', wake, '1')
-  if n == 1 then redis.call('PEXPIRE', wake, WAKE_TTL_MS) elseif n > WAKE_CAP then redis.call('RPOP', wake) end
+-- one client per token). Capped and expiring: busy workers poll and never read it. The cap is
+-- kept loosely, trimmed back to WAKE_CAP once the list holds twice as many: with a backlog no
+-- worker reads it, and a trim at every push cost each enqueue a second call.
+-- `tokens`: how many jobs (a batch wakes once for all of them; at most WAKE_CAP tokens).
+local function engine_wake(queue, tokens)
+  local wake, pushed = queue .. '@WAKE_SUFFIX@', math.min(tokens or 1, WAKE_CAP)
+  local n
+  if pushed == 1 then
+    n = redis.call('LPUSH', wake, '1')
+  else
+    local t = {}
+    for i = 1, pushed do t[i] = '1' end
+    n = redis.call('LPUSH', wake, unpack(t))
+  end
+  if n == pushed then
+    redis.call('PEXPIRE', wake, WAKE_TTL_MS)
+  elseif n >= 2 * WAKE_CAP then
+    redis.call('LTRIM', wake, 0, WAKE_CAP - 1)
+  end
 end
 
 -- Whether the engine holds the job, or any of the other keys given exists (one call for all).
@@ -21,10 +35,22 @@ local function engine_has(job_key, ...)
   return redis.call('EXISTS', job_key, ...) > 0
 end
 
-local function engine_queue(queue, job_key, engine_id, job_bytes, score_ms, ttl_ms)
+-- Queueing in two steps, for a script that writes the queue entry itself among its other checked
+-- zset writes (enqueue_job.lua: a queue of the wrong type then refuses the job, no TYPE call):
+-- engine_queue_entry gives (zset, score, member), engine_store writes the job and wakes a worker
+-- (or not: `wake` false, for a batch that wakes once for all its jobs).
+local function engine_queue_entry(queue, engine_id, score_ms)
+  return queue, tonumber(score_ms), engine_id
+end
+
+local function engine_store(queue, job_key, job_bytes, ttl_ms, wake)
   redis.call('PSETEX', job_key, tonumber(ttl_ms), job_bytes)
+  if wake then engine_wake(queue) end
+end
+
+local function engine_queue(queue, job_key, engine_id, job_bytes, score_ms, ttl_ms)
   redis.call('ZADD', queue, tonumber(score_ms), engine_id)
-  engine_wake(queue)
+  engine_store(queue, job_key, job_bytes, ttl_ms, true)
 end
 
 -- Queue again a job whose worker was lost. arq skips a job whose in-progress key exists: a dead
