@@ -199,6 +199,39 @@ async def test_the_claim_picks_up_and_starts_each_job_it_takes(agent: Agent, cli
     assert await redis.get(f"arq:retry:{names.cron_function('nightly', 0)}:1") is None
 
 
+async def test_the_claim_reads_the_abort_set_once_and_takes_each_abort(
+    agent: Agent, client: ClientAgent, redis: Redis, namespace: str
+) -> None:
+    """A job aborted before its pickup is told so (and leaves arq's abort set), the others not; an
+    empty abort set costs the claim one EXISTS, not one ZREM per job it takes."""
+    names = agent.engine.names
+    abort_key = f"{namespace}:abort-set"  # this test's own: arq's is shared by every namespace
+    script, store_args = agent.job_store.starting_in(CLAIM_WITH_PICKUP)
+    pickup = Pickup(script, (names.engine_job_id(""), *store_args, abort_key))
+
+    async def claim(n: int) -> Claimed:
+        return parse_claim(await run_script(redis, claim_call(
+            names.queue, names.wake_key, wanted=n, ttl_ms=10_000, read_limit=100, pickup=pickup,
+        )))
+
+    ids = [names.engine_job_id(await client.enqueue(Echo(text=str(i)))) for i in range(3)]
+    await redis.zadd(abort_key, {ids[1]: 1})
+    claimed = await claim(3)
+    assert [claimed.picked[i].aborted for i in ids] == [0, 1, 0]
+    assert await redis.exists(abort_key) == 0
+    ids = [names.engine_job_id(await client.enqueue(Echo(text=str(i)))) for i in range(5)]
+    stats = await redis.info("commandstats")
+    claimed = await claim(5)
+    after = await redis.info("commandstats")
+    assert [claimed.picked[i].aborted for i in ids] == [0] * 5
+
+    def calls(info: dict[str, Any], command: str) -> int:
+        return int(info.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+    assert calls(after, "zrem") - calls(stats, "zrem") == 0
+    assert calls(after, "exists") - calls(stats, "exists") == 1
+
+
 async def test_the_claim_counts_tries_with_their_expiry_as_arq_does(
     agent: Agent, client: ClientAgent, redis: Redis
 ) -> None:

@@ -12,6 +12,10 @@
 local P_ENGINE, P_STATE, P_ACTIVE, P_LEASES = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
 local P_LEASE_MS, P_RETENTION, P_ABORT = tonumber(ARGV[10]), ARGV[11], ARGV[12]
 
+-- Whether arq's abort set holds anything: read once per claim (the script is atomic, and only our
+-- own ZREMs change it meanwhile), not once per job: a batch of N jobs spends one call, not N.
+local p_abort_live = nil
+
 local function pickup(engine_id, now)
   if string.sub(engine_id, 1, #P_ENGINE) ~= P_ENGINE then return false end
   local job_id = string.sub(engine_id, #P_ENGINE + 1)
@@ -24,7 +28,10 @@ local function pickup(engine_id, now)
     redis.call('EXPIRE', tries_key, @RETRY_TTL_S@)
   end
   local aborted = 0
-  if P_ABORT ~= '' then aborted = redis.call('ZREM', P_ABORT, engine_id) end
+  if P_ABORT ~= '' then
+    if p_abort_live == nil then p_abort_live = redis.call('EXISTS', P_ABORT) == 1 end
+    if p_abort_live then aborted = redis.call('ZREM', P_ABORT, engine_id) end
+  end
   -- A state that makes the start fail (not a hash) fails this job's start alone, not the claim of
   -- the others: the worker then sends the start itself, which reports the error.
   local ok, started = pcall(start_job, P_STATE .. job_id, P_ACTIVE, P_LEASES, job_id, now, now + P_LEASE_MS,
