@@ -43,7 +43,13 @@ FINISHED_JOBS = 5000
 BACKLOG_DEFER_S = 3600.0
 
 
+# Redis gives back a connection's buffers for a big command (enqueue_many sends a batch as one
+# argument of a few hundred KB) in its once-a-second client housekeeping: read memory after it.
+SETTLE_S = 2.5
+
+
 async def used_memory(redis: Redis) -> int:
+    await asyncio.sleep(SETTLE_S)
     return int((await redis.info("memory"))["used_memory"])
 
 
