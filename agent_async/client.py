@@ -33,9 +33,10 @@ __all__ = ["ClientAgent", "EnqueueResult"]
 
 logger = logging.getLogger(__name__)
 
-# enqueue_many sends at most this many jobs per round trip: one MULTI/EXEC runs as a whole, and a
-# huge one would hold Redis (and every other client) for as long as it runs.
-_ENQUEUE_BATCH = 500
+# enqueue_many sends this many jobs per round trip (one enqueue_many.lua call, about 5 ms of
+# Redis): a script runs as a whole, and a huge one would hold Redis (and every other client) for as
+# long as it runs; and batches this small let the next be built while one runs, even for 500 jobs.
+_ENQUEUE_BATCH = 100
 # Building a batch gives the event loop a turn this often (jobs), so that the batch in flight is
 # written out while the next one is built, not after.
 _YIELD_EVERY = 50
@@ -83,7 +84,7 @@ class ClientAgent:
     async def enqueue_many(
         self, requests: Sequence[JobRequest], user_uid: str | None = None, *, defer_s: float = 0.0
     ) -> list[EnqueueResult]:
-        """Queue many jobs in one round trip per 500; one result per request, in order.
+        """Queue many jobs in one round trip per 100; one result per request, in order.
 
         Each job is queued exactly as `enqueue` would (its own gate check, all or nothing for that
         job): a refusal (RequestRefusedError's codes: concurrency limit, payload not JSON) is its
