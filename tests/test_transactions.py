@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from arq.connections import ArqRedis
+from arq.constants import abort_jobs_ss
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError
@@ -57,6 +58,45 @@ async def test_transactions_opened_together_go_out_as_one_exec_with_their_own_re
     assert replies == [[i + 1, str(i + 1).encode()] for i in range(5)]
     assert await exec_calls(pool) - before == 1
     assert (coalescer.stats.transactions, coalescer.stats.sends, coalescer.stats.largest) == (5, 1, 5)
+
+
+async def test_with_aborts_off_the_abort_set_is_not_touched(pool: ArqRedis, namespace: str) -> None:
+    """arq's finish ZREMs the job from its abort set even with aborts off (nothing reads the set
+    then): the coalescer drops that command, and keeps it with aborts on."""
+    job_id = f"{namespace}:j"
+
+    async def finish(coalescer: Coalescer) -> tuple[list[Any], int]:
+        before = int((await pool.info("commandstats")).get("cmdstat_zrem", {}).get("calls", 0))
+        async with coalescer.pipeline() as pipe:
+            pipe.zrem(abort_jobs_ss, job_id)
+            pipe.zrem(f"{namespace}:queue", job_id)
+            replies = await pipe.execute()
+        return replies, int((await pool.info("commandstats"))["cmdstat_zrem"]["calls"]) - before
+
+    await pool.zadd(abort_jobs_ss, {job_id: 1})
+    try:
+        assert await finish(Coalescer(lambda: pool, aborts=False)) == ([0], 1)
+        assert await pool.zscore(abort_jobs_ss, job_id) == 1
+        assert await finish(Coalescer(lambda: pool, aborts=True)) == ([1, 0], 2)
+        assert await pool.zscore(abort_jobs_ss, job_id) is None
+    finally:
+        await pool.zrem(abort_jobs_ss, job_id)
+
+
+async def test_the_fast_worker_with_aborts_off_leaves_the_abort_set_alone(agent: Agent, client: ClientAgent) -> None:
+    """The worker's finishes go through the coalescer with aborts off (the library never turns arq's
+    aborts on): an entry someone put in arq's abort set outlives the job's finish."""
+    job_id = await client.enqueue(Echo(text="x"))
+    engine_id = agent.engine.names.engine_job_id(job_id)
+    redis = agent.job_store.redis
+    await redis.zadd(abort_jobs_ss, {engine_id: 1})
+    try:
+        await run_burst(agent)
+        state = await agent.job_store.get(job_id)
+        assert state is not None and state.status is JobStatus.SUCCESS
+        assert await redis.zscore(abort_jobs_ss, engine_id) == 1
+    finally:
+        await redis.zrem(abort_jobs_ss, engine_id)
 
 
 async def test_transactions_that_arrive_while_one_is_in_flight_go_out_together_next(pool: ArqRedis) -> None:

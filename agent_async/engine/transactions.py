@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from arq.connections import ArqRedis
+from arq.constants import abort_jobs_ss
 from redis.asyncio.client import Pipeline
 
 from agent_async.engine.claim import PickedUp
@@ -86,9 +87,12 @@ class _CoalescedPipeline(Pipeline):
 class Coalescer:
     """Transactions of several jobs, sent as one MULTI/EXEC (see the module's docstring)."""
 
-    def __init__(self, pool: Callable[[], ArqRedis]) -> None:
+    def __init__(self, pool: Callable[[], ArqRedis], *, aborts: bool = True) -> None:
         # A getter: arq makes its pool when the worker starts (and again after a restart).
         self._pool = pool
+        # arq's finish ZREMs the job from its abort set whether aborts are on or not; with them off
+        # nothing reads the set (and our cancel never writes it): that call is dropped, one per job.
+        self._abort_set = None if aborts else abort_jobs_ss.encode()
         self._waiting: list[_Member] = []
         self._sender: asyncio.Task[None] | None = None
         self.stats = CoalescerStats()
@@ -97,7 +101,10 @@ class Coalescer:
         return _CoalescedPipeline(self._pool(), self)
 
     async def send(self, commands: list[Command]) -> list[Any]:
-        """Send one job's transaction with whatever others are ready; its replies, in order."""
+        """Send one job's transaction with whatever others are ready; its replies, in order (but
+        none for an abort-set ZREM dropped with aborts off)."""
+        if self._abort_set is not None:
+            commands = [c for c in commands if not _touches(c, "ZREM", self._abort_set)]
         member = _Member(commands)
         self._waiting.append(member)
         if self._sender is None:
@@ -144,6 +151,14 @@ class Coalescer:
             if not member.reply.done():  # its job was cancelled meanwhile: its commands went anyway
                 member.reply.set_result(replies[first:last])
             first = last
+
+
+def _touches(command: Command, name: str, key: bytes) -> bool:
+    args = command[0]
+    if len(args) < 2 or str(args[0]).upper() != name:
+        return False
+    first = args[1]
+    return (first if isinstance(first, bytes) else str(first).encode()) == key
 
 
 class PoolWithScript:

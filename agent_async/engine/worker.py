@@ -126,7 +126,8 @@ class FastWorker(StoppableWorker, DirectRun):
     ) -> None:
         super().__init__(**kwargs)
         # Finishes of jobs that end together go out as one MULTI/EXEC.
-        self.coalescer = Coalescer(lambda: cast(ArqRedis, self._pool)) if coalesce else None
+        self.coalescer = (Coalescer(lambda: cast(ArqRedis, self._pool), aborts=self.allow_abort_jobs)
+                          if coalesce else None)
         self._hooks = hooks
         self._names = names
         self.ctx[CTX_COMMIT_IN_FINISH] = True
