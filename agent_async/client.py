@@ -90,8 +90,9 @@ class ClientAgent:
         job): a refusal (RequestRefusedError's codes: concurrency limit, payload not JSON) is its
         result, not an exception. QueueUnavailableError when Redis is down, EnqueueError when it
         refuses a round trip: then no job of it, or after it, was queued (earlier ones were). A job
-        that Redis refuses alone (a duplicate id, a key of the wrong type) raises EnqueueError too:
-        the jobs before it in its round trip were queued, it and those after it were not.
+        that Redis refuses alone (a duplicate id, a key of the wrong type) raises BatchEnqueueError
+        (an EnqueueError): the jobs before it were queued (its `results` say which), it and those
+        after it were not.
         """
         results: list[EnqueueResult] = [EnqueueResult(None)] * len(requests)
         batches = [range(start, min(start + _ENQUEUE_BATCH, len(requests)))
@@ -149,7 +150,7 @@ class ClientAgent:
                 results[i] = EnqueueResult(state.job_id)
         if batch.error is not None:
             stopped = prepared[len(batch.replies)][0]
-            raise BatchEnqueueError(str(batch.error), results[:stopped]) from batch.error
+            raise BatchEnqueueError(f"could not enqueue: {batch.error}", results[:stopped])
 
     async def enqueue_named(
         self, name: str, payload: dict[str, Any], user_uid: str | None = None, *, defer_s: float = 0.0

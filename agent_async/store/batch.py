@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,16 +15,28 @@ from redis.exceptions import RedisError, TimeoutError
 from agent_async.errors import EnqueueError, QueueUnavailableError
 from agent_async.store.scripts import LuaScript, ScriptCall, run_script
 
-__all__ = ["BatchReply", "run_batch"]
+__all__ = ["BatchReply", "enqueue_errors", "run_batch"]
 
 
 @dataclass(frozen=True, slots=True)
 class BatchReply:
-    """enqueue_many.lua's answer: one enqueue reply per job it ran, in order; `error` when the
-    job after those raised (then it and every job after it were not queued)."""
+    """enqueue_many.lua's answer: one enqueue reply per job it ran, in order; `error`, the text of
+    the Redis error the job after those raised (then it and every job after it were not queued)."""
 
     replies: list[Any]
-    error: EnqueueError | None = None
+    error: str | None = None
+
+
+@contextmanager
+def enqueue_errors(what: str) -> Iterator[None]:
+    """Redis's failures of an enqueue script as the library's: QueueUnavailableError when Redis is
+    unreachable, EnqueueError when it refuses the call (in both cases the script did not run)."""
+    try:
+        yield
+    except (RedisConnectionError, TimeoutError) as exc:
+        raise QueueUnavailableError(f"could not {what}: Redis is unreachable ({exc})") from exc
+    except RedisError as exc:
+        raise EnqueueError(f"could not {what}: {exc}") from exc
 
 
 async def run_batch(redis: Redis, script: LuaScript, calls: Sequence[ScriptCall]) -> BatchReply:
@@ -33,12 +46,8 @@ async def run_batch(redis: Redis, script: LuaScript, calls: Sequence[ScriptCall]
     in both cases no job of the batch was queued (a script runs whole or not at all).
     """
     call = script([], [json.dumps([c.texts() for c in calls])])
-    try:
+    with enqueue_errors("enqueue"):
         replies = list(await run_script(redis, call))
-    except (RedisConnectionError, TimeoutError) as exc:
-        raise QueueUnavailableError(f"could not enqueue: Redis is unreachable ({exc})") from exc
-    except RedisError as exc:
-        raise EnqueueError(f"could not enqueue: {exc}") from exc
     if replies and isinstance(replies[-1], bytes):
-        return BatchReply(replies[:-1], EnqueueError(f"could not enqueue: {replies[-1].decode()}"))
+        return BatchReply(replies[:-1], replies[-1].decode())
     return BatchReply(replies)

@@ -11,7 +11,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, TimeoutError
+from redis.exceptions import TimeoutError
 
 from agent_async.errors import (
     AgentError,
@@ -25,7 +25,7 @@ from agent_async.lifecycle import JobStatus, StartDecision, now_ms
 from agent_async.state import JobState
 from agent_async.store import codec, scripts
 from agent_async.store.autopipeline import AutoPipeline
-from agent_async.store.batch import BatchReply, run_batch
+from agent_async.store.batch import BatchReply, enqueue_errors, run_batch
 from agent_async.store.keys import KeySpace
 from agent_async.store.schema import CANCEL_REQUESTED_FIELD, state_from_hash, state_to_hash
 from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_source, run_script, store_script
@@ -158,12 +158,8 @@ class JobStore:
         """
         call = self.create_call(state, gate=gate, engine=engine, resume=resume, max_try=max_try,
                                 owned_blobs=owned_blobs)
-        try:
+        with enqueue_errors(f"enqueue {state.name}"):
             outcome = await run_script(self.redis, call, via=self.pipeline)
-        except (RedisConnectionError, TimeoutError) as exc:
-            raise QueueUnavailableError(f"could not enqueue {state.name}: Redis is unreachable ({exc})") from exc
-        except RedisError as exc:
-            raise EnqueueError(f"could not enqueue {state.name}: {exc}") from exc
         self.check_created(state, gate, outcome)
 
     def create_call(
