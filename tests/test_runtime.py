@@ -14,8 +14,10 @@ from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from agent_async import Agent, ClientAgent, JobRequest, JobStatus
+from agent_async.lifecycle import StartDecision
 from agent_async.worker import JobRecovery, RunHandle, WorkerRuntime
 from tests.conftest import wait_for_status
+from tests.jobs import Echo
 
 # Heartbeat every LEASE_S / 3 = 0.1 s.
 LEASE_S = 0.3
@@ -98,6 +100,48 @@ def test_tracking_again_gives_a_fresh_handle(agent: Agent) -> None:
     second = rt.track("a")
     assert second is not first and not second.cancel_requested
     assert rt.running == {"a": second}
+
+
+def test_releasing_a_job_leaves_a_newer_attempt_of_it_tracked(agent: Agent) -> None:
+    """A retry can be claimed as soon as the last attempt's finish lets the job go, and start
+    before that attempt's task releases it: the release is the ended attempt's, not the new one's
+    (whose lease would no longer be renewed, and whose cancels would go nowhere)."""
+    rt = make_runtime(agent)
+    first = rt.track("a")
+    rt.release_ended("a")
+    assert rt.running == {"a": first}, "an attempt still running is not released"
+    first.ended = True
+    second = rt.track("a")
+    rt.release_ended("a")
+    assert rt.running == {"a": second}
+    assert rt.request_cancel("a") is True and second.cancel_requested
+    second.ended = True
+    rt.release_ended("a")
+    assert rt.running == {}
+
+
+async def test_an_attempt_is_ended_once_it_returns_and_released_after(agent: Agent) -> None:
+    """The service marks an attempt ended when it returns (its outcome is not written yet: it stays
+    tracked, its lease renewed) and releases it when told."""
+    service = agent.worker
+    service.runtime = make_runtime(agent)
+    decision = StartDecision(run=True, attempts=1, name=Echo.name)
+    handles: list[RunHandle] = []
+    real_track = service.runtime.track
+
+    def track(job_id: str) -> RunHandle:
+        handles.append(real_track(job_id))
+        return handles[-1]
+
+    service.runtime.track = track  # type: ignore[method-assign]
+    try:
+        await service.run(Echo.name, {"text": "x"}, job_id="a", decision=decision)
+        assert [h.ended for h in handles] == [True]
+        assert service.runtime.running == {"a": handles[0]}
+        service.release("a")
+        assert service.runtime.running == {}
+    finally:
+        service.runtime = None
 
 
 # -- heartbeat -------------------------------------------------------------------------------------

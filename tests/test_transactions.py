@@ -26,10 +26,12 @@ from agent_async.engine.claim import CLAIM_WITH_PICKUP, SERVER_NOW, Claimed, Pic
 from agent_async.engine.transactions import MAX_BATCH, Coalescer
 from agent_async.engine.wakeup import Waker
 from agent_async.engine.worker import FastWorker
+from agent_async.lifecycle import now_ms
+from agent_async.registry import JobRegistry
 from agent_async.store import run_script
 from tests.conftest import run_burst
 from tests.faults.conftest import PrivateRedis, free_port
-from tests.jobs import Echo
+from tests.jobs import Echo, Flaky, runs_key
 
 
 @pytest.fixture
@@ -339,6 +341,50 @@ async def test_a_job_claimed_right_before_a_stop_is_handed_back_not_lost(
     state = await agent.job_store.get(job_id)
     assert state is not None and (state.status, state.attempts) == (JobStatus.SUCCESS, 1)
     assert state.result == {"echo": "x", "sum": 0, "user": None}
+
+
+async def test_a_retry_claimed_again_before_the_run_that_queued_it_is_done_keeps_its_own_pickup(
+    settings: AgentSettings, redis: Redis, job_registry: JobRegistry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The claim of a retry can be read in the same turn of the loop as the finish of the run that
+    queued it, before that run's task is done: the end of that task must not take the new run's
+    pickup for a job it was itself handed and never ran. (It did: the new run was handed back and
+    went down arq's own path, so the job was STARTED twice and failed as a lost worker's.)"""
+    slow_retry = dataclasses.replace(settings, retry_backoff_base_s=5.0, retry_backoff_max_s=5.0)
+    async with Agent(slow_retry) as agent:
+        job_id = await ClientAgent(agent).enqueue(Flaky(fail_times=1))
+        engine_id = agent.engine.names.engine_job_id(job_id)
+        real_run_job = FastWorker.run_job
+        claimed_again: list[list[str]] = []
+        starts: list[asyncio.Task[Any]] = []
+
+        async def run_then_claim_the_retry(self: FastWorker, run_id: str, score: int) -> None:
+            await real_run_job(self, run_id, score)
+            if run_id == engine_id and not claimed_again:
+                # The retry is queued seconds ahead (its backoff): claimed as of then, from inside
+                # the task of the run that queued it, as a claim read in the same turn would be.
+                claim = self._claim_call(1, at=now_ms() + 60_000)
+                claimed = parse_claim(await run_script(self.pool, claim))
+                claimed_again.append([job for job, _ in claimed.jobs])
+                # Started after this task is done and before its done-callbacks run.
+                starts.append(asyncio.get_running_loop().create_task(self._start(claimed)))
+
+        monkeypatch.setattr(FastWorker, "run_job", run_then_claim_the_retry)
+        await agent.run_worker(burst=True, handle_signals=False, poll_delay=0)
+        state = await agent.job_store.get(job_id)
+        runs = await redis.hget(runs_key(settings.namespace), job_id)
+        events = []
+        async for event in ClientAgent(agent).events(job_id=job_id, idle_s=0.2):
+            if event is None:
+                break
+            events.append(event)
+    assert claimed_again == [[engine_id]]
+    # No hand-back in between: the claim's start is the one that ran.
+    assert [event.status for event in events] == [
+        JobStatus.PENDING, JobStatus.STARTED, JobStatus.RETRY, JobStatus.STARTED, JobStatus.SUCCESS
+    ]
+    assert state is not None and (state.status, state.attempts, state.result) == (JobStatus.SUCCESS, 2, {"runs": 2})
+    assert runs == b"2"
 
 
 async def blocked_wait(agent: Agent, redis: Redis) -> tuple[Waker, asyncio.Task[Any], asyncio.Event]:

@@ -195,15 +195,18 @@ class FastWorker(StoppableWorker, DirectRun):
             await self.sem.acquire()  # never waits: at most `free` jobs were claimed
             self.job_counter += 1
             task = self.loop.create_task(self.run_job(job_id, score))
-            task.add_done_callback(functools.partial(self._job_task_done, job_id))
+            task.add_done_callback(functools.partial(self._job_task_done, job_id, claimed.picked.get(job_id)))
             self.tasks[job_id] = task
         return next_wait(claimed, slots_full=self.job_counter >= self.max_jobs)
 
-    def _job_task_done(self, job_id: str, _: object) -> None:
+    def _job_task_done(self, job_id: str, picked: PickedUp | None, _: object) -> None:
         self._release_sem_dec_counter_on_complete()
-        if self._picked.pop(job_id, None) is not None:
+        # Only this task's own pickup: a retry of the same job may be claimed again (and its new
+        # pickup stored) before this task's callbacks run.
+        if picked is not None and self._picked.get(job_id) is picked:
             # Cancelled before run_job began (a stop right after the claim): the claim started
             # it, nothing ran it. Undo that before arq closes its pool (_on_shutdown_after_hand_backs).
+            del self._picked[job_id]
             self._hand_backs.add(self.loop.create_task(self._hand_back(job_id)))
 
     async def _hand_back(self, job_id: str) -> None:

@@ -41,6 +41,8 @@ class RunHandle:
     waker: Callable[[], None] | None = None
     # Where report_progress() goes (agent_async.worker.progress.ProgressReporter), if anywhere.
     progress: Any = None
+    # The attempt has returned (its outcome may still be on its way to Redis: it stays tracked).
+    ended: bool = False
 
     def request_cancel(self) -> None:
         self.cancel_requested = True

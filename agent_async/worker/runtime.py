@@ -64,6 +64,14 @@ class WorkerRuntime:
     def untrack(self, job_id: str) -> None:
         self.running.pop(job_id, None)
 
+    def release_ended(self, job_id: str) -> None:
+        """Stop tracking the job's attempt if it has ended. A newer attempt of the same job (its
+        retry, claimed as soon as the last attempt's finish let it go, maybe before this call)
+        stays tracked: its lease and its cancel requests are its own."""
+        handle = self.running.get(job_id)
+        if handle is not None and handle.ended:
+            del self.running[job_id]
+
     def request_cancel(self, job_id: str) -> bool:
         handle = self.running.get(job_id)
         if handle is None:

@@ -120,6 +120,7 @@ class WorkerService:
                 payload, job_id=job_id, user_uid=decision.user_uid, attempt=decision.attempts, handle=handle
             )
         finally:
+            handle.ended = True
             if handle.progress is not None:
                 # The last progress is written while the job is still STARTED, before its outcome.
                 await handle.progress.close()
@@ -127,7 +128,7 @@ class WorkerService:
     def release(self, job_id: str) -> None:
         """The job's outcome is written (or left to recovery): stop renewing its lease."""
         if self.runtime is not None:
-            self.runtime.untrack(job_id)
+            self.runtime.release_ended(job_id)
 
     def runner(self, name: str) -> JobRunner:
         runner = self._runners.get(name)
