@@ -21,9 +21,9 @@ from agent_async.schedules.scheduler import Scheduler
 from agent_async.state import JobState
 from agent_async.store.batch import BatchReply
 from agent_async.store.events import JobEvent
-from agent_async.store.jobs import GateClaim
 from agent_async.store.listing import JobListing, JobPage
 from agent_async.store.scripts import ScriptCall
+from agent_async.store.types import GateClaim
 from agent_async.store.workers import WorkerDirectory, WorkerInfo
 
 if TYPE_CHECKING:

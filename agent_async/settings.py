@@ -87,8 +87,8 @@ class AgentSettings:
     # Longest such block: the pause after which an idle worker looks at the queue anyway (a job
     # that arq itself gives back when its in-progress key expires signals nobody).
     worker_max_block_s: float = 5.0
-    # Group commit (fast worker only): the finish transactions of jobs that end together go out as
-    # one MULTI/EXEC (agent_async.engine.transactions). Off: one per job.
+    # Group commit (fast worker only): the runs that end together are finished (each outcome with
+    # arq's finish of its job) in one script call (agent_async.engine.finish). Off: one per run.
     worker_coalesce: bool = True
     # After start-up, a worker moves every object then alive out of Python's collector (gc.freeze):
     # full collections stop stalling its event loop. Off by default: it is process-wide, and an

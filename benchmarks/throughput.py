@@ -129,7 +129,7 @@ async def worker_main(kind: str, namespace: str, redis_url: str, burst: bool) ->
         await worker.main()
         await worker.close()
     else:
-        # agent_one_tx: the fast worker with group commit off, one MULTI/EXEC per finish.
+        # agent_one_tx: the fast worker with group commit off, one finish call per run.
         agent = Agent(AgentSettings(redis_url=redis_url, namespace=namespace, worker_coalesce=kind == "agent"))
         await agent.run_worker(burst=burst)  # poll_delay and max_jobs: the same defaults as above
     # From the first run to the last: the time to run len(_RUNS) - 1 more jobs.
@@ -305,8 +305,8 @@ async def main(args: argparse.Namespace) -> None:
         "ratio_per_round": [round(r[2], 3) for r in rounds],
         # The same jobs under `arq app.worker.WorkerSettings` (arq's stock Worker, hooks write the states).
         "ratio_arq_cli_worker": round(statistics.median(r[3] for r in rounds), 3),
-        # The fast worker against itself with AGENT_WORKER_COALESCE=false (one MULTI/EXEC per
-        # finish), paired per round.
+        # The fast worker against itself with AGENT_WORKER_COALESCE=false (one finish call per
+        # run), paired per round.
         "coalesce_gain": round(statistics.median(r[1]["jobs_per_s"] / r[4]["jobs_per_s"] for r in rounds), 3),
         "agent_one_tx_cmds_per_job": r2(one_tx_figures["enqueue_cmds_per_job"] + one_tx_figures["run_cmds_per_job"]),
         "enqueue_p50_ms": r2(agent_figures["enqueue_p50_ms"]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pickle
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from agent_async import Agent, ClientAgent, JobStatus
 from agent_async.engine import hooks
-from agent_async.engine.worker import StoppableWorker
+from agent_async.engine.stoppable import StoppableWorker
 from agent_async.worker import JobRecovery
 from tests.conftest import Drain, run_burst
 from tests.jobs import Amnesia, Echo, Flaky, Gated, NoWorker, Sleeper, runs_key
@@ -185,25 +186,26 @@ async def test_agent_worker_ends_dropped_jobs_in_arqs_own_transaction(agent: Age
 async def test_failed_finish_transaction_keeps_the_worker_alive(
     agent: Agent, client: ClientAgent, redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """If the outcome cannot be committed with arq's finish (Redis error inside EXEC), the worker
-    logs it and goes on with the next job; the reconciler then ends the state."""
+    """If the outcome cannot be committed with arq's finish (a Redis error in its transition), the
+    worker logs it and goes on with the next job; the reconciler then ends the state."""
     first = await client.enqueue(Echo(text="first"))
-    original = agent.job_store.transition_call
+    original = agent.job_store.transition_of
     poisoned = {"left": 1}
+    wrong = "wrongtype-" + agent.keys.namespace
 
     def poison(job_id: str, *args, **kwargs):  # type: ignore[no-untyped-def]
-        call = original(job_id, *args, **kwargs)
+        transition = original(job_id, *args, **kwargs)
         if poisoned["left"]:
             poisoned["left"] -= 1
-            # A state key of the wrong type makes the script fail, before any write, inside arq's MULTI.
-            return type(call)(call.script, ("wrongtype-" + agent.keys.namespace, *call.keys[1:]), call.args)
-        return call
+            # A state key of the wrong type makes the transition fail, before any write.
+            return dataclasses.replace(transition, job_id=wrong)
+        return transition
 
-    await redis.set("wrongtype-" + agent.keys.namespace, "x")
-    monkeypatch.setattr(agent.job_store, "transition_call", poison)
+    await redis.set(agent.keys.state(wrong), "x")
+    monkeypatch.setattr(agent.job_store, "transition_of", poison)
     second = await client.enqueue(Echo(text="second"))
     await run_burst(agent, "agent_worker")
-    await redis.delete("wrongtype-" + agent.keys.namespace)
+    await redis.delete(agent.keys.state(wrong))
     states = [s for s in [await client.get_state(j) for j in (first, second)] if s]
     lost = [s for s in states if s.status is not JobStatus.SUCCESS]
     assert len(states) == 2 and len(lost) == 1, states

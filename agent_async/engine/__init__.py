@@ -20,6 +20,7 @@ from arq.worker import Function, func
 from agent_async.engine.claim import ENGINE_LUA
 from agent_async.engine.cron import translate
 from agent_async.engine.hooks import Hooks, JobHandler, ScheduleTicker
+from agent_async.engine.stoppable import StoppableWorker, run_stopping_on_signal, run_surviving_redis
 from agent_async.engine.wire import (
     IN_PROGRESS_EXTRA_S,
     JOB_TTL_EXTRA_MS,
@@ -30,12 +31,7 @@ from agent_async.engine.wire import (
     wire_dumps,
     wire_loads,
 )
-from agent_async.engine.worker import (
-    FastWorker,
-    StoppableWorker,
-    run_stopping_on_signal,
-    run_surviving_redis,
-)
+from agent_async.engine.worker import FastWorker
 from agent_async.errors import ConfigurationError
 from agent_async.lifecycle import attempt_budget_s, now_ms
 from agent_async.outage import RedisOutage

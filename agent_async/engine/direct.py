@@ -105,8 +105,12 @@ class DirectRun(Worker):
             self.jobs_complete += 1
         if self.on_job_end:
             await self.on_job_end(ctx)
-        # No result to store in arq (direct_job checked): our outcome is in the JobState.
-        await asyncio.shield(self.finish_job(job_id, finish, None, 0, False, incr_score, None))
+        await asyncio.shield(self.finish_run(job_id, finish, incr_score))
+
+    async def finish_run(self, job_id: str, done: bool, requeue_ms: int | None) -> None:
+        """arq's finish of a run (the fast worker writes the outcome with it). No result to store
+        in arq (direct_job checked): our outcome is in the JobState."""
+        await self.finish_job(job_id, done, None, 0, False, requeue_ms, None)
 
 
 def _keeps_result(worker: Worker, function: Function) -> bool:

@@ -30,6 +30,7 @@ from arq.worker import Retry
 from redis.asyncio import Redis
 
 from agent_async.engine.claim import CLAIM_WITH_PICKUP, Pickup
+from agent_async.engine.finish import FINISH_BATCH, Finisher
 from agent_async.engine.wire import EngineNames, dropped_from_result
 from agent_async.errors import AgentError
 from agent_async.lifecycle import JobStatus, Outcome, StartDecision, dropped_outcome, interrupted_outcome
@@ -37,7 +38,7 @@ from agent_async.logs import job_fields
 from agent_async.outage import OUTAGE_ERRORS, RedisOutage
 from agent_async.registry import JobRegistry
 from agent_async.schedules.scheduler import FireResult
-from agent_async.store import JobStore, ScriptCall, check_buffers
+from agent_async.store import JobStore, ScriptCall, Transition, check_buffers
 
 __all__ = ["START_REPLY", "Hooks", "JobHandler", "ScheduleTicker"]
 
@@ -104,8 +105,8 @@ class Hooks:
         self._jobs = jobs
         self._schedules = schedules
         self._freeze_gc = freeze_gc
-        # Outcomes waiting for arq's finish transaction, by engine job id (fast worker only).
-        self._commits: dict[str, ScriptCall] = {}
+        # Outcomes waiting for the finish of their run, by engine job id (fast worker only).
+        self._commits: dict[str, Transition] = {}
 
     # -- process -----------------------------------------------------------------------------
 
@@ -178,11 +179,12 @@ class Hooks:
         if outcome is None:
             # arq cancelled the attempt itself: a worker shutdown past its drain time.
             outcome = interrupted_outcome(self._registry.request(decision.name), decision.attempts)
-        call = self._store.transition_call(job_id, outcome.status, result=outcome.result, error=outcome.error)
+        transition = self._store.transition_of(job_id, outcome.status, result=outcome.result, error=outcome.error)
         if ctx.get(CTX_COMMIT_IN_FINISH):
-            # The fast worker sends it inside arq's finish transaction, then releases the job.
-            self._commits[ctx["job_id"]] = call
+            # The fast worker sends it with arq's finish of the run, then releases the job.
+            self._commits[ctx["job_id"]] = transition
             return
+        call = self._store.call_for(transition)
         try:
             with job_fields(job_id=job_id, job=decision.name, user_uid=decision.user_uid, attempt=decision.attempts):
                 await self.write_outcome(job_id, lambda: self._store.run(call))
@@ -237,9 +239,19 @@ class Hooks:
         if job_id is not None and not self._names.is_cron_tick(engine_id):
             await self._store.run(self._store.transition_call(job_id, JobStatus.PENDING, undo_start=True))
 
-    def take_commit(self, engine_id: str) -> ScriptCall | None:
-        """The outcome on_job_end left for arq's finish transaction of this job."""
+    def take_commit(self, engine_id: str) -> Transition | None:
+        """The outcome on_job_end left for the finish of this job's run."""
         return self._commits.pop(engine_id, None)
+
+    def commit_call(self, engine_id: str) -> ScriptCall | None:
+        """The same, as a script call of its own (to put in front of arq's finish transaction)."""
+        transition = self._commits.pop(engine_id, None)
+        return None if transition is None else self._store.call_for(transition)
+
+    def finisher(self, pool: Callable[[], Redis], *, queue: str, aborts: bool, batch: bool) -> Finisher:
+        """The fast worker's finishes of runs (engine/finish.py), this namespace's transitions in them."""
+        script, store_args = self._store.ending_in(FINISH_BATCH)
+        return Finisher(pool, script, store_args, queue=queue, abort_set=abort_jobs_ss if aborts else "", batch=batch)
 
     def dropped_call(self, engine_id: str, result_data: bytes | None) -> ScriptCall | None:
         """The end of a job arq dropped before running it, to send inside arq's failed finish."""

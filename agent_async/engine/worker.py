@@ -1,5 +1,5 @@
-"""The fast worker: arq's Worker with batch claims, push wake-up, fewer round trips per job, and a
-loop that survives Redis errors."""
+"""The fast worker: arq's Worker with batch claims, push wake-up and finishes sent together, fewer
+round trips per job."""
 
 from __future__ import annotations
 
@@ -7,35 +7,28 @@ import asyncio
 import contextlib
 import functools
 import logging
-import signal
 import time
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from signal import Signals
 from typing import Any, cast
 
 from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix
-from arq.worker import Worker
 from redis.exceptions import NoScriptError, RedisError
 
 from agent_async.engine.claim import SERVER_NOW, Claimed, PickedUp, claim_call, next_wait, parse_claim
 from agent_async.engine.direct import DirectRun
+from agent_async.engine.finish import RunEnd
 from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_REPLY, Hooks
-from agent_async.engine.transactions import Coalescer, PoolWithPickup, PoolWithScript
+from agent_async.engine.stoppable import StoppableWorker
+from agent_async.engine.transactions import PoolWithPickup, PoolWithScript
 from agent_async.engine.wakeup import Idle, Wait, Waker
 from agent_async.engine.wire import EngineNames
-from agent_async.outage import OUTAGE_ERRORS, RedisOutage
 from agent_async.store import ScriptCall, run_script
 
-__all__ = ["FastWorker", "StoppableWorker", "run_stopping_on_signal", "run_surviving_redis"]
+__all__ = ["FastWorker"]
 
 logger = logging.getLogger(__name__)
-
-# Backoff of the worker loop's restarts after Redis errors: short, since a retry while Redis is down
-# costs one failed connect, and a long pause would outlast a short outage by seconds.
-_REDIS_RETRY_MIN_S = 0.5
-_REDIS_RETRY_MAX_S = 2.0
 
 # A cron tick is enqueued by arq's heart_beat this long before it is due (arq's run_cron window:
 # 2 x max(poll_delay, 0.5 s)); an idle worker wakes this much after the window opens, since arq's
@@ -50,57 +43,6 @@ _FINISH_WAKE: ContextVar[str | None] = ContextVar("agent_async_finish_wake", def
 _PICKED: ContextVar[PickedUp | None] = ContextVar("agent_async_picked", default=None)
 
 
-class StoppableWorker(Worker):
-    """arq's Worker that remembers a stop signal, so the loop around it ends instead of retrying,
-    and that closes cleanly when Redis is unreachable at shutdown."""
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.stopping = asyncio.Event()
-
-    def handle_sig_wait_for_completion(self, signum: Signals) -> None:
-        self.stopping.set()
-        super().handle_sig_wait_for_completion(signum)
-
-    def handle_sig(self, signum: Signals) -> None:
-        if signum != signal.SIGUSR1:  # arq's close() sends itself SIGUSR1 to cancel what runs
-            self.stopping.set()
-        super().handle_sig(signum)
-
-    async def close(self) -> None:
-        if not self._handle_signals:
-            self.handle_sig(signal.SIGUSR1)  # how arq's close() starts without signals: cancel what runs
-        # arq's close() gathers its job tasks and lets the first error out, cutting the wait short:
-        # on_shutdown would interrupt jobs about to end, or be skipped (a task cancelled before it
-        # began raises CancelledError). Wait for all of them first (a failed one is settled by
-        # the reconciler).
-        for error in await asyncio.gather(*self.tasks.values(), return_exceptions=True):
-            if isinstance(error, Exception):
-                logger.warning("a job task ended with an error while the worker closed: %r", error)
-        self.tasks.clear()
-        try:
-            await super().close()
-        except OUTAGE_ERRORS as exc:
-            # arq's close() deletes its health-check key first: with Redis down it would raise
-            # before running on_shutdown and closing its pool.
-            logger.warning("worker closing while Redis is unreachable (%s)", exc)
-            if self.on_shutdown:
-                await self.on_shutdown(self.ctx)
-            with contextlib.suppress(*OUTAGE_ERRORS):
-                await self.pool.close(close_connection_pool=True)
-            self._pool = None
-
-
-async def run_stopping_on_signal(worker: StoppableWorker) -> None:
-    """arq's own loop, as its CLI runs it (a Redis error ends it, arq #498); a stop signal is a
-    normal end, not a CancelledError."""
-    try:
-        await worker.main()
-    except asyncio.CancelledError:
-        if not worker.stopping.is_set():
-            raise
-
-
 class FastWorker(StoppableWorker, DirectRun):
     """arq's Worker with fewer round trips per job (`Agent.run_worker`, `python -m app worker`).
 
@@ -113,8 +55,8 @@ class FastWorker(StoppableWorker, DirectRun):
       transaction (engine/direct.py). The outcome rides on arq's finish transaction: no window
       in which arq has forgotten a job whose state is not terminal.
     - Jobs that arq drops before running them (no hook is called) are ended in that same finish.
-    - Finishes of jobs that end together go out as one MULTI/EXEC (engine/transactions.py),
-      with no timer.
+    - The runs that end together are finished in one script call (engine/finish.py), with no
+      timer: each outcome with arq's finish of its job.
     It overrides arq internals (_poll_iteration, run_job, finish_job, finish_failed_job,
     _release_sem_dec_counter_on_complete, _sleep_until_tasks_complete, the pool property): arq is
     pinned to 0.28.*, and every worker test runs under both worker kinds.
@@ -125,9 +67,10 @@ class FastWorker(StoppableWorker, DirectRun):
         coalesce: bool = True, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        # Finishes of jobs that end together go out as one MULTI/EXEC.
-        self.coalescer = (Coalescer(lambda: cast(ArqRedis, self._pool), aborts=self.allow_abort_jobs)
-                          if coalesce else None)
+        # The finishes of runs that end together go out in one script call (`coalesce`).
+        self.finisher = hooks.finisher(
+            lambda: cast(ArqRedis, self._pool), queue=self.queue_name, aborts=self.allow_abort_jobs, batch=coalesce
+        )
         self._hooks = hooks
         self._names = names
         self.ctx[CTX_COMMIT_IN_FINISH] = True
@@ -291,10 +234,10 @@ class FastWorker(StoppableWorker, DirectRun):
                 for job_id, _ in parse_claim(reply).jobs:
                     self._hand_backs.add(self.loop.create_task(self._hand_back(job_id)))
             self._waker.salvaged.clear()
-        if self.coalescer is not None and self.coalescer.stats.sends:
-            stats = self.coalescer.stats
-            logger.info("group commit: %d transactions in %d MULTI/EXECs (largest %d, longest wait %.1f ms)",
-                        stats.transactions, stats.sends, stats.largest, stats.longest_wait_ms)
+        if self.finisher.stats.sends:
+            stats = self.finisher.stats
+            logger.info("group commit: %d finishes in %d script calls (largest %d, longest wait %.1f ms)",
+                        stats.runs, stats.sends, stats.largest, stats.longest_wait_ms)
         await super().close()
 
     @property
@@ -306,7 +249,7 @@ class FastWorker(StoppableWorker, DirectRun):
         call, wake_key = _FINISH_SCRIPT.get(), _FINISH_WAKE.get()
         if call is None and wake_key is None:
             return base
-        return cast(ArqRedis, PoolWithScript(base, call, wake_key, self.coalescer))
+        return cast(ArqRedis, PoolWithScript(base, call, wake_key))
 
     async def run_job(self, job_id: str, score: int) -> None:
         # The claim picked the job up and started it (pickup.lua): on_job_start reads the start's
@@ -331,8 +274,15 @@ class FastWorker(StoppableWorker, DirectRun):
             # Its outcome is written (finish_job waits for Redis) or left to recovery.
             self._hooks.release(job_id)
 
+    async def finish_run(self, job_id: str, done: bool, requeue_ms: int | None) -> None:
+        """A run this worker ran itself (engine/direct.py): its outcome and arq's finish, with the
+        runs that end together (engine/finish.py), sent until Redis takes them (as _finish_with)."""
+        end = RunEnd(job_id, self._hooks.take_commit(job_id), done, requeue_ms)
+        await self._hooks.write_outcome(job_id, lambda: self.finisher.finish(end))
+
     async def finish_job(self, job_id: str, *args: Any) -> None:
-        call = self._hooks.take_commit(job_id)
+        # arq's run_job (off the direct path): our outcome in front of arq's finish transaction.
+        call = self._hooks.commit_call(job_id)
         # arq's finish_job(job_id, finish, result_data, result_timeout_s, keep_result_forever,
         # incr_score, keep_in_progress): an incr_score queues the job again, maybe for an idle
         # worker blocked since before (its wait ends at the time it knew of).
@@ -374,28 +324,3 @@ class FastWorker(StoppableWorker, DirectRun):
             # Not an outage (write_outcome handles those): log it and keep serving. What was not
             # written is found by the reconciler (state) or redelivered (arq's job).
             logger.exception("finishing a job failed; the reconciler will settle its state")
-
-
-async def run_surviving_redis(worker: StoppableWorker, outage: RedisOutage) -> None:
-    """arq's poll loop ends on the first Redis error (arq #498): restart it with backoff, until a
-    stop signal (which also ends the wait for Redis at once)."""
-    delay_s = _REDIS_RETRY_MIN_S
-    while not worker.stopping.is_set():
-        started = time.monotonic()
-        try:
-            await worker.async_run()
-            return
-        except asyncio.CancelledError:
-            if worker.stopping.is_set():
-                return  # arq's signal handler drained and cancelled its loop: a normal end
-            raise
-        except (RedisError, OSError) as exc:
-            if time.monotonic() - started > _REDIS_RETRY_MAX_S:
-                delay_s = _REDIS_RETRY_MIN_S  # it had been running fine: start the backoff over
-            if isinstance(exc, OUTAGE_ERRORS):
-                outage.failed("worker loop", exc)
-            else:
-                logger.warning("Redis error in the worker loop (%s); retrying in %.1fs", exc, delay_s)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(worker.stopping.wait(), delay_s)
-            delay_s = min(_REDIS_RETRY_MAX_S, delay_s * 2)

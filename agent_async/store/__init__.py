@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from agent_async.store.jobs import CancelReply, EngineJob, EngineRef, GateClaim, JobStore
+from agent_async.store.jobs import JobStore
 from agent_async.store.keys import GLOBAL_SCOPE, KeySpace
 from agent_async.store.readiness import check_buffers
 from agent_async.store.scripts import LuaScript, ScriptCall, lua_source, run_script
+from agent_async.store.types import CancelReply, EngineJob, EngineRef, GateClaim, Transition
 
 __all__ = [
     "GLOBAL_SCOPE",
@@ -17,6 +18,7 @@ __all__ = [
     "KeySpace",
     "LuaScript",
     "ScriptCall",
+    "Transition",
     "check_buffers",
     "lua_source",
     "run_script",

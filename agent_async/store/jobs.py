@@ -5,8 +5,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
-from enum import Enum
 from typing import Any
 
 from redis.asyncio import Redis
@@ -29,49 +27,9 @@ from agent_async.store.batch import BatchReply, enqueue_errors, run_batch
 from agent_async.store.keys import KeySpace
 from agent_async.store.schema import CANCEL_REQUESTED_FIELD, state_from_hash, state_to_hash
 from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_source, run_script, store_script
+from agent_async.store.types import CancelReply, EngineJob, EngineRef, GateClaim, Transition
 
-__all__ = ["CancelReply", "EngineJob", "EngineRef", "GateClaim", "JobStore"]
-
-
-class CancelReply(Enum):
-    """What the cancel script did."""
-
-    UNKNOWN = "unknown"  # no such job
-    REQUESTED = "requested"  # running: flagged, its worker stops it
-    SETTLED = "settled"  # now (or already) terminal
-
-
-@dataclass(frozen=True, slots=True)
-class GateClaim:
-    """A concurrency slot to take atomically with the enqueue."""
-
-    key: str
-    limit: int
-    ttl_ms: int
-
-
-@dataclass(frozen=True, slots=True)
-class EngineRef:
-    """Where the queue engine keeps one job: opaque to the store, named by the engine.
-
-    The store's scripts hand these keys to the engine's Lua functions (engine_queue, engine_drop,
-    engine_requeue), which alone know what they hold.
-    """
-
-    queue_key: str
-    job_key: str
-    claim_key: str
-    engine_job_id: str
-
-
-@dataclass(frozen=True, slots=True)
-class EngineJob:
-    """An engine job to queue (new, or again after its worker was lost): its bytes and run time."""
-
-    ref: EngineRef
-    job_bytes: bytes
-    score_ms: int
-    ttl_ms: int
+__all__ = ["JobStore"]
 
 
 @contextmanager
@@ -262,13 +220,36 @@ class JobStore:
         undo_start: bool = False,
     ) -> ScriptCall:
         """The same transition, built to be sent later (e.g. inside the engine's finish transaction)."""
+        return self.call_for(self.transition_of(job_id, status, result=result, error=error, undo_start=undo_start))
+
+    @staticmethod
+    def transition_of(
+        job_id: str,
+        status: JobStatus,
+        *,
+        result: dict[str, object] | None = None,
+        error: str | None = None,
+        undo_start: bool = False,
+    ) -> Transition:
+        """The transition `transition` makes, as a value (its result encoded now)."""
+        return Transition(job_id, status, "" if result is None else codec.dumps(result), error or "", undo_start)
+
+    def call_for(self, transition: Transition) -> ScriptCall:
+        """A transition as its own script call (transition.lua), stamped with the time now."""
+        t = transition
         return self._transition(
-            [self.keys.state(job_id), self.keys.active_index, self.keys.leases],
-            [
-                job_id, status.value, now_ms(), self.retention_s,
-                "" if result is None else codec.dumps(result), error or "", "1" if undo_start else "",
-            ],
+            [self.keys.state(t.job_id), self.keys.active_index, self.keys.leases],
+            [t.job_id, t.status.value, now_ms(), self.retention_s, t.result, t.error, "1" if t.undo_start else ""],
         )
+
+    def ending_in(self, body: str) -> tuple[LuaScript, tuple[str | int, ...]]:
+        """The engine's script `body`, which makes transitions (lib.lua's transition_job) for the runs
+        it ends, and what they need: state key prefix, active index, leases, retention s."""
+        script = scripts.with_store_lib(
+            body, self._engine_lua, events_key=self.events_key, metrics_key=self.metrics_key
+        )
+        k = self.keys
+        return script, (k.state(""), k.active_index, k.leases, self.retention_s)
 
     async def cancel(self, job_id: str, *, engine: EngineRef) -> CancelReply:
         """Cancel at once if not started, else flag it for its worker (see cancel.lua)."""

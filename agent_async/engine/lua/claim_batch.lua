@@ -1,11 +1,11 @@
 -- claim_batch: claim up to N due jobs in one call (arq's claim of each: not in progress, due, then
--- marked in progress; arq spends four round trips per job on it), pick each up (pickup.lua, or
--- no_pickup.lua when the claim only claims), and tell the worker how long it may wait when it
--- found fewer. Loaded after queue.lua and one of those two.
+-- marked in progress; arq spends four round trips per job on it), pick them up (pickup.lua's
+-- pickup_all, or no_pickup.lua's when the claim only claims), and tell the worker how long it may
+-- wait when it found fewer. Loaded after queue.lua and one of those two.
 -- KEYS: queue, wake list
 -- ARGV: now ms (or "now": Redis's clock, for a claim queued behind a blocking wait), in-progress
 --       ttl ms, in-progress key prefix, jobs wanted, read limit
--- Reply: {next, engine id, score, pickup, engine id, score, pickup, ...} (pickup: pickup()'s reply,
+-- Reply: {next, engine id, score, pickup, engine id, score, pickup, ...} (pickup: pickup_all's,
 --        nil for a job arq picks up itself). next: -1 the batch is full and more due
 --        jobs may wait; -2 the read limit was all jobs claimed elsewhere (poll again soon);
 --        otherwise the score of the next deferred job, 0 if there is none.
@@ -17,7 +17,7 @@ if ARGV[1] == 'now' then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 local wanted, limit = tonumber(ARGV[4]), tonumber(ARGV[5])
-local reply = {0}
+local ids, scores = {}, {}
 local claimed = 0
 -- Read the due jobs a page at a time: a worker with one free slot looks at a few entries, not at
 -- the whole read limit (arq reads it all at every poll). Entries claimed by other workers are
@@ -33,16 +33,21 @@ while claimed < wanted and read < limit do
   while i < last and claimed < wanted do
     local claim = prefix .. due[i]
     if redis.call('SET', claim, '1', 'PX', ttl_ms, 'NX') then  -- arq's EXISTS then PSETEX, in one call
-      reply[#reply + 1] = due[i]
-      reply[#reply + 1] = due[i + 1]
-      reply[#reply + 1] = pickup(due[i], now)
       claimed = claimed + 1
+      ids[claimed] = due[i]
+      scores[claimed] = due[i + 1]
     end
     i = i + 2
   end
   if i < last then more = true end
   read = read + n
   if not more then break end
+end
+local reply = {0}
+for i, picked in ipairs(pickup_all(ids, now)) do
+  reply[#reply + 1] = ids[i]
+  reply[#reply + 1] = scores[i]
+  reply[#reply + 1] = picked
 end
 if claimed == wanted then
   if more then

@@ -11,12 +11,58 @@ local METRICS = '@METRICS@'
 -- Histogram bucket bounds in ms, ascending (agent_async.metrics.layout.BUCKETS_S).
 local BUCKETS_MS = {@BUCKETS_MS@}
 
+-- A script that moves many jobs at once (the fast worker's claim and its finishes) shares the
+-- writes its jobs make to the same keys: the index entries each start or end adds and drops,
+-- and the counters. Between batch_begin() and batch_end() they are collected, then sent as one
+-- variadic call per key (one HINCRBY per counter field): each call in a script costs Redis a
+-- microsecond or more whatever its work, and a batch of ten finishes made some sixty of them.
+-- Outside a batch every write goes at once. Removals go before additions at the end: a job ended
+-- and started again in one batch (a retry claimed at once) stays in the index.
+local B = nil
+local VARIADIC_MAX = 1000  -- arguments per variadic call (Lua's unpack has a limit)
+
+local function batch_begin()
+  B = {zrem = {}, zadd = {}, incr = {}, incr_order = {}, ends = {}, ends_order = {}}
+end
+
+local function later(t, key)
+  local list = t[key]
+  if not list then list = {}; t[key] = list end
+  return list
+end
+
+local function zadd_later(key, score, member)
+  if not B then redis.call('ZADD', key, score, member); return end
+  local list = later(B.zadd, key)
+  list[#list + 1] = score
+  list[#list + 1] = member
+end
+
+local function zrem_later(key, member)
+  if not B then redis.call('ZREM', key, member); return end
+  local list = later(B.zrem, key)
+  list[#list + 1] = member
+end
+
+-- VARIADIC_MAX is even: a ZADD's chunks keep whole score/member pairs.
+local function variadic(command, key, args)
+  for first = 1, #args, VARIADIC_MAX do
+    redis.call(command, key, unpack(args, first, math.min(#args, first + VARIADIC_MAX - 1)))
+  end
+end
+
 -- Counters live in the namespace's metrics hash, written by the script that makes the transition:
 -- atomic with it, summed over every worker process and host, kept when a worker is SIGKILLed.
 -- Field names: agent_async.metrics.layout.
--- Returns the counter's new value (nil when metrics are off).
+-- Returns the counter's new value (nil when metrics are off, and inside a batch).
 local function metric(field, by)
   if METRICS == '' then return nil end  -- metrics are off (AGENT_METRICS_ENABLED=false)
+  if B then
+    local sum = B.incr[field]
+    if not sum then B.incr_order[#B.incr_order + 1] = field end
+    B.incr[field] = (sum or 0) + (by or 1)
+    return nil
+  end
   return redis.call('HINCRBY', METRICS, field, by or 1)
 end
 
@@ -28,8 +74,8 @@ local function observe(kind, name, ms)
   for _, b in ipairs(BUCKETS_MS) do
     if ms <= b then bound = b; break end
   end
-  redis.call('HINCRBY', METRICS, kind .. '_b|' .. name .. '|' .. bound, 1)
-  redis.call('HINCRBY', METRICS, kind .. '_sum|' .. name, math.floor(ms))
+  metric(kind .. '_b|' .. name .. '|' .. bound)
+  metric(kind .. '_sum|' .. name, math.floor(ms))
 end
 
 -- The value of `name` in a flat field/value list (a state's fields as the scripts receive them).
@@ -71,11 +117,16 @@ end
 -- (`count`, one the script already holds, says it is that write): the same bound, and one
 -- ZRANGEBYSCORE per PRUNE_EVERY jobs instead of one per job (each call in a script costs Redis
 -- a few microseconds, whatever it finds).
-local function prune(index, state_prefix, cutoff_ms, count)
+-- How many of the counts 1..n start a run of PRUNE_EVERY (1, 1 + PRUNE_EVERY, ...).
+local function prune_turns(n) return math.floor((n + PRUNE_EVERY - 1) / PRUNE_EVERY) end
+
+-- `by`: how much `count` just grew (a batch counts several writes at once; default 1): the index
+-- is pruned if one of the counts it went through starts a run.
+local function prune(index, state_prefix, cutoff_ms, count, by)
   if index == '' then return end
   local batch = PRUNE_BATCH
   if count then
-    if count % PRUNE_EVERY ~= 1 then return end
+    if prune_turns(count) == prune_turns(count - (by or 1)) then return end
     batch = PRUNE_BATCH * PRUNE_EVERY
   end
   local old = redis.call('ZRANGEBYSCORE', index, '-inf', cutoff_ms, 'LIMIT', 0, batch)
@@ -166,6 +217,31 @@ end
 -- The fields end_job reads, in its order; a script that read them already passes them (`known`).
 local END_FIELDS = {'gate', 'group', 'name', 'status', 'started_ms', 'user', 'attempts', 'error'}
 
+-- `by` more ends of one job name and status in the hour's counts (the dashboard's throughput).
+-- The hour's hash gets its expiry with its first count of each kind (not at every count); the
+-- status and name indexes gain an entry with each of those ends: that count paces their pruning.
+local function count_ends(active, name, status, by, now, retention_s, prefix)
+  local counts = idx_key(active, 'counts:' .. math.floor(now / 3600000))
+  local ended = redis.call('HINCRBY', counts, name .. '|' .. status, by)
+  if ended == by then redis.call('EXPIRE', counts, retention_s + 3600) end
+  local cutoff = now - retention_s * 1000
+  prune(idx_key(active, 'status:' .. status), prefix, cutoff, ended, by)
+  prune(idx_key(active, 'name:' .. name), prefix, cutoff, ended, by)
+end
+
+-- Sends what the batch collected (see batch_begin) and ends it.
+local function batch_end()
+  local b = B
+  B = nil
+  for key, members in pairs(b.zrem) do variadic('ZREM', key, members) end
+  for key, scored in pairs(b.zadd) do variadic('ZADD', key, scored) end
+  for _, field in ipairs(b.incr_order) do redis.call('HINCRBY', METRICS, field, b.incr[field]) end
+  for _, kind in ipairs(b.ends_order) do
+    local e = b.ends[kind]
+    count_ends(e.active, e.name, e.status, e.by, e.now, e.retention_s, e.prefix)
+  end
+end
+
 -- Ends a state for good: terminal fields, out of the active index and the leases, slot freed,
 -- retention TTL, its group told. Every script that can end a job ends it through here.
 local function end_job(state, active, leases, job_id, status, now, retention_s, err, result, known)
@@ -176,19 +252,24 @@ local function end_job(state, active, leases, job_id, status, now, retention_s, 
   if err and err ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = err; h[8] = err end
   if result and result ~= '' then fields[#fields + 1] = 'result'; fields[#fields + 1] = result end
   redis.call('HSET', state, unpack(fields))
-  redis.call('ZREM', active, job_id)
-  redis.call('ZREM', leases, job_id)
-  if h[1] then redis.call('ZREM', h[1], job_id) end
+  zrem_later(active, job_id)
+  zrem_later(leases, job_id)
+  if h[1] then zrem_later(h[1], job_id) end
   redis.call('EXPIRE', state, retention_s)
-  local name, counts = h[3] or '', idx_key(active, 'counts:' .. math.floor(now / 3600000))
-  redis.call('ZADD', idx_key(active, 'status:' .. status), now, job_id)
-  -- The hour's hash gets its expiry with its first count of each kind (not at every count).
-  local ended = redis.call('HINCRBY', counts, name .. '|' .. status, 1)
-  if ended == 1 then redis.call('EXPIRE', counts, retention_s + 3600) end
-  local prefix, cutoff = string.sub(state, 1, -#job_id - 1), now - retention_s * 1000
-  -- Both indexes gain an entry with each end of this name and status: that count paces them.
-  prune(idx_key(active, 'status:' .. status), prefix, cutoff, ended)
-  prune(idx_key(active, 'name:' .. name), prefix, cutoff, ended)
+  local name = h[3] or ''
+  zadd_later(idx_key(active, 'status:' .. status), now, job_id)
+  local prefix = string.sub(state, 1, -#job_id - 1)
+  if B then
+    local kind = name .. '|' .. status
+    local e = B.ends[kind]
+    if e then e.by = e.by + 1 else
+      B.ends_order[#B.ends_order + 1] = kind
+      B.ends[kind] = {active = active, name = name, status = status, by = 1, now = now, retention_s = retention_s,
+                      prefix = prefix}
+    end
+  else
+    count_ends(active, name, status, 1, now, retention_s, prefix)
+  end
   emit_known(job_id, status, now, name, h[6], h[7], h[8])
   metric('fin|' .. name .. '|' .. status)
   if h[4] == 'STARTED' then
@@ -231,8 +312,8 @@ local function start_job(state, active, leases, job_id, now, lease_expiry, reten
   local attempts = tonumber(h[8] or '0') + 1
   redis.call('HSET', state, 'status', 'STARTED', 'started_ms', now, 'updated_ms', now, 'attempts', attempts)
   emit_known(job_id, 'STARTED', now, h[3], h[2], attempts, h[11])
-  redis.call('ZADD', active, now, job_id)
-  redis.call('ZADD', leases, lease_expiry, job_id)
+  zadd_later(active, now, job_id)
+  zadd_later(leases, lease_expiry, job_id)
   if h[4] then
     -- The slot's safety-net TTL counts from the start of the run, not from the enqueue.
     local expiry = now + tonumber(h[5])
@@ -241,4 +322,42 @@ local function start_job(state, active, leases, job_id, now, lease_expiry, reten
     end
   end
   return {attempts, h[2] or '', h[3]}
+end
+
+-- Moves a non-terminal state to a new status (transition.lua; the fast worker's finish_batch.lua
+-- for each run it finishes); a terminal state is never overwritten. `undo`: the start never ran
+-- (marked STARTED by a pickup, then dropped by the engine). Returns 1 if it moved, else 0.
+local function transition_job(state, active, leases, job_id, new_status, now, retention_s, result, err, undo)
+  -- end_job's read, done here: one HMGET for both (kept in step with the changes below).
+  local h = redis.call('HMGET', state, unpack(END_FIELDS))
+  local current = h[4]
+  if not current or is_terminal(current) then return 0 end
+  if err == '' and h[8] then redis.call('HDEL', state, 'error'); h[8] = false end
+  if undo and current == 'STARTED' then
+    h[7] = redis.call('HINCRBY', state, 'attempts', -1)
+    redis.call('HDEL', state, 'started_ms')
+    h[5] = false
+  end
+  if is_terminal(new_status) then
+    end_job(state, active, leases, job_id, new_status, now, retention_s, err, result, h)
+    return 1
+  end
+  local fields = {'status', new_status, 'updated_ms', now}
+  if result ~= '' then fields[#fields + 1] = 'result'; fields[#fields + 1] = result end
+  if err ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = err end
+  redis.call('HSET', state, unpack(fields))
+  emit_known(job_id, new_status, now, h[3], h[6], h[7], err)  -- its error is err now, or none
+  -- jobs_in_progress is derived (agent_async.metrics.layout.Field.IN_PROGRESS_ADJUST): a retry
+  -- ends a run; any other way out of STARTED, or into it, is an adjustment (rare paths only).
+  local name, left = h[3] or '', current == 'STARTED' and new_status ~= 'STARTED'
+  if new_status == 'RETRY' then
+    metric('retry|' .. name)
+    if not left then metric('run_adj|' .. name, -1) end
+  elseif left then
+    metric('run_adj|' .. name)
+  end
+  if current ~= 'STARTED' and new_status == 'STARTED' then metric('run_adj|' .. name, -1) end
+  zadd_later(active, now, job_id)
+  if new_status ~= 'STARTED' then zrem_later(leases, job_id) end
+  return 1
 end

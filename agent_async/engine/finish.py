@@ -1,0 +1,165 @@
+"""The fast worker's finishes: each run's outcome with arq's finish of its job, and the runs that
+end together in one script call (engine/lua/finish_batch.lua).
+
+arq ends a run with a transaction of its own (drop the claim; for a job done, its tries, record and
+queue entry; for a retry, its new score), and our outcome has to be atomic with it: written in the
+same transaction, never one without the other. The fast worker used to put the outcome's script in
+front of arq's commands, one MULTI/EXEC per run (or per group of runs, each with its own EVALSHA).
+Here the runs that end close together go out as one call of one script: per run, what differs (its
+state hash, its event, its record); shared, one call per key (index entries, counters, arq's keys).
+
+No timer (group commit, as databases do for their log): a finish goes out at the next turn of the
+loop if no send is in flight, else as soon as the one in flight is answered, with every other that
+came meanwhile, at most MAX_BATCH per call. The wait it adds is at most that one answer. Each run's
+reply (and error) is its own; a failure of the whole send (Redis unreachable) is every run's, and
+each is sent again by its caller. No library batches scripts like this for redis-py, hence ours.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
+from redis.asyncio import Redis
+
+from agent_async.errors import AgentError
+from agent_async.lifecycle import now_ms
+from agent_async.store import LuaScript, Transition, codec, lua_source, run_script
+
+__all__ = ["FINISH_BATCH", "MAX_BATCH", "FinishError", "FinishStats", "Finisher", "RunEnd"]
+
+# Runs per call at most: Redis serves no one else while a script runs, and ending a run costs it
+# some 20 µs: a call stays well under a millisecond.
+MAX_BATCH = 32
+
+# The script body (the store's lib.lua goes in front of it: JobStore.ending_in).
+FINISH_BATCH = lua_source(
+    "agent_async.engine", "finish_batch.lua",
+    {"@IN_PROGRESS_PREFIX@": in_progress_key_prefix, "@RETRY_PREFIX@": retry_key_prefix,
+     "@JOB_PREFIX@": job_key_prefix},
+)
+
+# finish_batch.lua's "not queued again".
+_NOT_REQUEUED = -1
+
+
+class FinishError(AgentError):
+    """Redis refused one run's transition inside a batch of finishes (arq's part was done)."""
+
+
+@dataclass(frozen=True, slots=True)
+class RunEnd:
+    """How one run ended, for its finish: the outcome to write (None when there is none, e.g. a
+    run its start refused), and what becomes of arq's job: `done` takes it out of arq's queue;
+    `requeue_ms` queues it again that much later (0: due now); with neither, it stays queued as
+    it is (a stop cancelled the run: arq runs it again)."""
+
+    engine_id: str
+    transition: Transition | None
+    done: bool
+    requeue_ms: int | None = None
+
+    def texts(self) -> list[Any]:
+        """finish_batch.lua's entry for this run."""
+        outcome = self.transition.texts() if self.transition else ["", "", "", "", ""]
+        requeue = _NOT_REQUEUED if self.requeue_ms is None or self.done else max(0, self.requeue_ms)
+        return [self.engine_id, *outcome, 1 if self.done else 0, requeue]
+
+
+@dataclass(slots=True)
+class FinishStats:
+    """What the finisher sent: runs, and the script calls they went out in."""
+
+    runs: int = 0
+    sends: int = 0
+    largest: int = 0
+    # Longest time a run waited for its send to start (the send ahead of it), in ms.
+    longest_wait_ms: float = 0.0
+
+
+@dataclass(eq=False, slots=True)
+class _Waiting:
+    end: RunEnd
+    at_s: float = field(default_factory=lambda: asyncio.get_running_loop().time())
+    reply: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+class Finisher:
+    """Sends runs' finishes, together when they come together (see the module's docstring).
+
+    `script` and `store_args` come from `JobStore.ending_in(FINISH_BATCH)`; `abort_set` is arq's
+    abort set when the worker has arq's aborts on, else '' (nothing reads the set then, and our
+    cancel never writes it: arq's ZREM of it is one call per run saved). `batch=False` sends each
+    run alone (AGENT_WORKER_COALESCE=false)."""
+
+    def __init__(
+        self, pool: Callable[[], Redis], script: LuaScript, store_args: tuple[str | int, ...], *, queue: str,
+        abort_set: str = "", batch: bool = True,
+    ) -> None:
+        # A getter: arq makes its pool when the worker starts (and again after a restart).
+        self._pool = pool
+        self.script = script
+        self._store_args = store_args
+        self._keys = (queue, abort_set)
+        self._batch = batch
+        self._waiting: list[_Waiting] = []
+        self._sender: asyncio.Task[None] | None = None
+        self.stats = FinishStats()
+
+    async def finish(self, end: RunEnd) -> None:
+        """Write one run's finish (with whatever others are ready). Raises FinishError if Redis
+        refused its transition, or the error of the whole send (Redis unreachable, ...)."""
+        waiting = _Waiting(end)
+        if not self._batch:
+            await self._send([waiting])
+        else:
+            self._waiting.append(waiting)
+            if self._sender is None:
+                # Started, not run: finishes that come in this same turn of the loop join it.
+                self._sender = asyncio.get_running_loop().create_task(self._send_waiting())
+        await waiting.reply
+
+    async def _send_waiting(self) -> None:
+        try:
+            while self._waiting:
+                batch = [w for w in self._waiting[:MAX_BATCH] if not w.reply.done()]
+                del self._waiting[:MAX_BATCH]
+                if batch:
+                    await self._send(batch)
+        finally:
+            self._sender = None
+            for waiting in self._waiting:  # only if this task was cancelled (the loop is closing)
+                waiting.reply.cancel()
+            self._waiting.clear()
+
+    async def _send(self, batch: list[_Waiting]) -> None:
+        waited_ms = (asyncio.get_running_loop().time() - batch[0].at_s) * 1000
+        runs = json.dumps([w.end.texts() for w in batch])
+        call = self.script(self._keys, (now_ms(), *self._store_args, runs))
+        try:
+            replies = await run_script(self._pool(), call)
+        except asyncio.CancelledError:
+            for waiting in batch:
+                waiting.reply.cancel()
+            raise
+        except Exception as exc:
+            for waiting in batch:
+                if not waiting.reply.done():
+                    waiting.reply.set_exception(exc)
+            return
+        stats = self.stats
+        stats.runs += len(batch)
+        stats.sends += 1
+        stats.largest = max(stats.largest, len(batch))
+        stats.longest_wait_ms = max(stats.longest_wait_ms, waited_ms)
+        for waiting, reply in zip(batch, replies, strict=True):
+            if waiting.reply.done():  # its run was cancelled meanwhile: its finish went anyway
+                continue
+            if isinstance(reply, bytes):
+                waiting.reply.set_exception(FinishError(f"finishing run {waiting.end.engine_id}: {codec.text(reply)}"))
+            else:
+                waiting.reply.set_result(None)

@@ -1,0 +1,47 @@
+-- finish_batch: the end of several runs in one call, each as arq's finish transaction would end it
+-- with our outcome in front (the fast worker sent one MULTI/EXEC per run before, or per group of
+-- runs: EVALSHA of transition.lua, then arq's DEL and ZREM): the run's transition (the store's
+-- transition_job, when the run has an outcome to write), then arq's part: the claim dropped; for a
+-- job that is done, its tries, its record and its queue entry too; for a retry, its queue entry
+-- moved to the retry's time and an idle worker woken to wait for it. The writes the runs share
+-- (index entries, counters, arq's keys) go out as one call per key. Loaded after the store's lib.lua.
+-- KEYS: queue, arq's abort set ('' when aborts are off: nothing reads it then)
+-- ARGV: now ms, state key prefix, active index, leases, retention s, then a JSON list of runs:
+--       [engine id, job id ('' for no outcome), new status, result JSON, error, undo a start ('1'|''),
+--        done (1|0), queued again: its score's increment ms (0: due now; -1: not queued again)]
+-- Reply: per run, 1 (0 if its transition found the state already terminal or gone), or the text
+--        of the Redis error its transition raised (arq's part of that run was done all the same,
+--        as in a MULTI/EXEC: the reconciler settles the state).
+
+local queue, abort_set = KEYS[1], KEYS[2]
+local now, state_prefix, active, leases, retention_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
+local replies, dels, done, requeued = {}, {}, {}, false
+batch_begin()
+for i, run in ipairs(cjson.decode(ARGV[6])) do
+  local engine_id, job_id = run[1], run[2]
+  local reply = 1
+  if job_id ~= '' then
+    local ok, moved = pcall(transition_job, state_prefix .. job_id, active, leases, job_id, run[3], now,
+                            retention_s, run[4], run[5], run[6] == '1')
+    if ok then reply = moved else reply = type(moved) == 'table' and (moved.err or 'error') or tostring(moved) end
+  end
+  replies[i] = reply
+  dels[#dels + 1] = '@IN_PROGRESS_PREFIX@' .. engine_id
+  if run[7] == 1 then
+    dels[#dels + 1] = '@RETRY_PREFIX@' .. engine_id
+    dels[#dels + 1] = '@JOB_PREFIX@' .. engine_id
+    done[#done + 1] = engine_id
+  elseif run[8] >= 0 then
+    -- Queued again (a retry): due now, or later by its increment; an idle worker wakes for it.
+    if run[8] > 0 then redis.call('ZINCRBY', queue, run[8], engine_id) end
+    requeued = true
+  end
+end
+batch_end()
+for first = 1, #dels, VARIADIC_MAX do redis.call('DEL', unpack(dels, first, math.min(#dels, first + VARIADIC_MAX - 1))) end
+if #done > 0 then
+  variadic('ZREM', queue, done)
+  if abort_set ~= '' then variadic('ZREM', abort_set, done) end
+end
+if requeued then engine_wake(queue) end
+return replies
