@@ -19,10 +19,10 @@ from agent_async.request import JobRequest
 from agent_async.runs import RunRecord
 from agent_async.schedules.scheduler import Scheduler
 from agent_async.state import JobState
-from agent_async.store.batch import BatchReply
+from agent_async.store.enqueue import MAX_BATCH as ENQUEUE_BATCH
+from agent_async.store.enqueue import BatchReply, PreparedEnqueue
 from agent_async.store.events import JobEvent
 from agent_async.store.listing import JobListing, JobPage
-from agent_async.store.scripts import ScriptCall
 from agent_async.store.types import GateClaim
 from agent_async.store.workers import WorkerDirectory, WorkerInfo
 
@@ -33,16 +33,12 @@ __all__ = ["ClientAgent", "EnqueueResult"]
 
 logger = logging.getLogger(__name__)
 
-# enqueue_many sends this many jobs per round trip (one enqueue_many.lua call, about 5 ms of
-# Redis): a script runs as a whole, and a huge one would hold Redis (and every other client) for as
-# long as it runs; and batches this small let the next be built while one runs, even for 500 jobs.
-_ENQUEUE_BATCH = 100
 # Building a batch gives the event loop a turn this often (jobs), so that the batch in flight is
 # written out while the next one is built, not after.
 _YIELD_EVERY = 50
 
 # One request of a batch, ready to send: its index in the caller's list, its state, its slot, its script.
-_Prepared = tuple[int, JobState, "GateClaim | None", ScriptCall]
+_Prepared = tuple[int, JobState, "GateClaim | None", PreparedEnqueue]
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,8 +91,8 @@ class ClientAgent:
         after it were not.
         """
         results: list[EnqueueResult] = [EnqueueResult(None)] * len(requests)
-        batches = [range(start, min(start + _ENQUEUE_BATCH, len(requests)))
-                   for start in range(0, len(requests), _ENQUEUE_BATCH)]
+        batches = [range(start, min(start + ENQUEUE_BATCH, len(requests)))
+                   for start in range(0, len(requests), ENQUEUE_BATCH)]
         # The next batch is built while Redis runs the one in flight (building is as long as Redis's
         # work on it); it is sent only once that one is answered, so a failure still means no job
         # of the failing round trip, and none after it, was queued.
@@ -125,7 +121,7 @@ class ClientAgent:
                 state = JobState(job_id=uuid.uuid4().hex, name=request.name, user_uid=user_uid,
                                  payload=request.payload())
                 gate = self.agent.gate_claim(type(request), user_uid)
-                call = self._jobs.create_call(
+                call = self._jobs.prepare(
                     state, gate=gate, engine=self.agent.engine.job(state, defer_s), resume=request.resume,
                     max_try=request.max_try, owned_blobs=request.owned_blob_refs(),
                 )
@@ -144,7 +140,7 @@ class ClientAgent:
                 self._jobs.check_created(state, gate, reply)
             except RequestRefusedError as exc:
                 results[i] = EnqueueResult(None, exc.code, str(exc))
-            except EnqueueError as exc:  # the batch stopped here (enqueue_many.lua)
+            except EnqueueError as exc:  # the batch stopped here (enqueue.lua)
                 raise BatchEnqueueError(str(exc), results[:i]) from exc
             else:
                 results[i] = EnqueueResult(state.job_id)

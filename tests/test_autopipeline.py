@@ -3,17 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from agent_async import Agent, AgentSettings, ClientAgent, JobStatus
-from agent_async.errors import QueueUnavailableError, RequestCode, RequestRefusedError
+from agent_async import Agent, ClientAgent, JobStatus
+from agent_async.errors import QueueUnavailableError
 from agent_async.store.autopipeline import MAX_BATCH, AutoPipeline
-from tests.faults.conftest import PrivateRedis, free_port
-from tests.jobs import Echo, Sleeper
+from tests.faults.conftest import free_port
+from tests.jobs import Echo
 
 
 async def test_concurrent_reads_go_out_together_and_each_gets_its_own_state(
@@ -122,56 +121,3 @@ async def test_a_reader_joining_after_a_batch_left_waits_for_the_next(
     assert await late == {b"f": b"v"}
     if not leader_cancelled:
         assert await first == {b"f": b"v"}
-
-
-
-async def test_concurrent_enqueues_go_out_together_and_each_keeps_its_gate(
-    agent: Agent, client: ClientAgent, redis: Redis
-) -> None:
-    """Sleeper allows 2 at a time per user: of 12 enqueues sent together, exactly 2 are queued, and
-    each refusal is its own caller's."""
-    await client.enqueue(Sleeper(), "other")  # loads the enqueue script (a NOSCRIPT, then SCRIPT LOAD)
-    stats = agent.job_store.pipeline.stats
-    sends_before = stats.sends
-    outcomes = await asyncio.gather(*(client.enqueue(Sleeper(), "u") for _ in range(12)), return_exceptions=True)
-    queued = [o for o in outcomes if isinstance(o, str)]
-    refused = [o for o in outcomes if isinstance(o, RequestRefusedError)]
-    assert len(queued) == 2 and len(refused) == 10, outcomes
-    assert all(r.code is RequestCode.JOB_CONCURRENT_LIMIT for r in refused)
-    assert stats.sends - sends_before == 2  # the first alone, the other eleven together
-    for job_id in queued:
-        state = await client.get_state(job_id)
-        assert state is not None and state.status is JobStatus.PENDING
-    assert await agent.job_store.slots_held(agent.keys.gate(Sleeper.name, "u")) == 2
-    # Nothing of the refused ones was written: only the three states exist.
-    assert len([k async for k in redis.scan_iter(match=agent.keys.state("*"))]) == 3
-
-
-async def test_enqueues_sent_together_survive_scripts_redis_lost(
-    private_redis: PrivateRedis, settings: AgentSettings
-) -> None:
-    """SCRIPT FLUSH (as after a restart): every enqueue of the batch meets NOSCRIPT, loads the script
-    and is sent again; none is lost or doubled."""
-    async with Agent(dataclasses.replace(settings, redis_url=private_redis.url)) as agent:
-        client = ClientAgent(agent)
-        await client.enqueue(Echo(text="warm"))
-        await agent.job_store.redis.script_flush()
-        ids = await asyncio.gather(*(client.enqueue(Echo(text=str(i))) for i in range(10)))
-        assert len(set(ids)) == 10
-        states = await asyncio.gather(*(client.get_state(job_id) for job_id in ids))
-        assert [s.payload["text"] for s in states if s is not None] == [str(i) for i in range(10)]
-        assert agent.job_store.pipeline.stats.largest >= 9
-
-
-async def test_unreachable_redis_fails_every_enqueue_sent_together(agent: Agent, client: ClientAgent) -> None:
-    store = agent.job_store
-    reachable = store.redis
-    dead = Redis(host="127.0.0.1", port=free_port())
-    store.bind(dead)
-    try:
-        outcomes = await asyncio.gather(*(client.enqueue(Echo()) for _ in range(5)), return_exceptions=True)
-    finally:
-        store.bind(reachable)
-        await dead.aclose()
-    assert all(isinstance(o, QueueUnavailableError) and "could not enqueue" in str(o) for o in outcomes), outcomes
-    assert await client.enqueue(Echo()) is not None

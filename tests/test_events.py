@@ -172,7 +172,7 @@ async def test_the_stream_is_capped(agent: Agent, client: ClientAgent, redis: Re
     info = await redis.xinfo_stream(agent.keys.events)
     assert info["length"] >= 1
     from agent_async.store.scripts import EVENTS_KEPT
-    script = agent.job_store._enqueue.source  # the enqueue script caps the stream it writes
+    script = agent.job_store.enqueues.script.source  # the enqueue script caps the stream it writes
     assert f"EVENTS_KEPT = {EVENTS_KEPT}" in script and "MAXLEN', '~', EVENTS_KEPT" in script
 
 

@@ -8,19 +8,16 @@ front of arq's commands, one MULTI/EXEC per run (or per group of runs, each with
 Here the runs that end close together go out as one call of one script: per run, what differs (its
 state hash, its event, its record); shared, one call per key (index entries, counters, arq's keys).
 
-No timer (group commit, as databases do for their log): a finish goes out at the next turn of the
-loop if no send is in flight, else as soon as the one in flight is answered, with every other that
-came meanwhile, at most MAX_BATCH per call. The wait it adds is at most that one answer. Each run's
-reply (and error) is its own; a failure of the whole send (Redis unreachable) is every run's, and
-each is sent again by its caller. No library batches scripts like this for redis-py, hence ours.
+The runs go out by group commit (store/group_commit.py, no timer), at most MAX_BATCH per call.
+Each run's reply (and error) is its own; a failure of the whole send (Redis unreachable) is every
+run's, and each is sent again by its caller.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
@@ -29,8 +26,9 @@ from redis.asyncio import Redis
 from agent_async.errors import AgentError
 from agent_async.lifecycle import now_ms
 from agent_async.store import LuaScript, Transition, codec, lua_source, run_script
+from agent_async.store.group_commit import GroupCommit, GroupStats
 
-__all__ = ["FINISH_BATCH", "MAX_BATCH", "FinishError", "FinishStats", "Finisher", "RunEnd"]
+__all__ = ["FINISH_BATCH", "MAX_BATCH", "FinishError", "Finisher", "RunEnd"]
 
 # Runs per call at most: Redis serves no one else while a script runs, and ending a run costs it
 # some 20 µs: a call stays well under a millisecond.
@@ -70,24 +68,6 @@ class RunEnd:
         return [self.engine_id, *outcome, 1 if self.done else 0, requeue]
 
 
-@dataclass(slots=True)
-class FinishStats:
-    """What the finisher sent: runs, and the script calls they went out in."""
-
-    runs: int = 0
-    sends: int = 0
-    largest: int = 0
-    # Longest time a run waited for its send to start (the send ahead of it), in ms.
-    longest_wait_ms: float = 0.0
-
-
-@dataclass(eq=False, slots=True)
-class _Waiting:
-    end: RunEnd
-    at_s: float = field(default_factory=lambda: asyncio.get_running_loop().time())
-    reply: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
-
-
 class Finisher:
     """Sends runs' finishes, together when they come together (see the module's docstring).
 
@@ -105,61 +85,21 @@ class Finisher:
         self.script = script
         self._store_args = store_args
         self._keys = (queue, abort_set)
-        self._batch = batch
-        self._waiting: list[_Waiting] = []
-        self._sender: asyncio.Task[None] | None = None
-        self.stats = FinishStats()
+        self._group: GroupCommit[RunEnd, None] = GroupCommit(self._send, max_batch=MAX_BATCH, together=batch)
+
+    @property
+    def stats(self) -> GroupStats:
+        return self._group.stats
 
     async def finish(self, end: RunEnd) -> None:
         """Write one run's finish (with whatever others are ready). Raises FinishError if Redis
         refused its transition, or the error of the whole send (Redis unreachable, ...)."""
-        waiting = _Waiting(end)
-        if not self._batch:
-            await self._send([waiting])
-        else:
-            self._waiting.append(waiting)
-            if self._sender is None:
-                # Started, not run: finishes that come in this same turn of the loop join it.
-                self._sender = asyncio.get_running_loop().create_task(self._send_waiting())
-        await waiting.reply
+        await self._group.submit(end)
 
-    async def _send_waiting(self) -> None:
-        try:
-            while self._waiting:
-                batch = [w for w in self._waiting[:MAX_BATCH] if not w.reply.done()]
-                del self._waiting[:MAX_BATCH]
-                if batch:
-                    await self._send(batch)
-        finally:
-            self._sender = None
-            for waiting in self._waiting:  # only if this task was cancelled (the loop is closing)
-                waiting.reply.cancel()
-            self._waiting.clear()
-
-    async def _send(self, batch: list[_Waiting]) -> None:
-        waited_ms = (asyncio.get_running_loop().time() - batch[0].at_s) * 1000
-        runs = json.dumps([w.end.texts() for w in batch])
-        call = self.script(self._keys, (now_ms(), *self._store_args, runs))
-        try:
-            replies = await run_script(self._pool(), call)
-        except asyncio.CancelledError:
-            for waiting in batch:
-                waiting.reply.cancel()
-            raise
-        except Exception as exc:
-            for waiting in batch:
-                if not waiting.reply.done():
-                    waiting.reply.set_exception(exc)
-            return
-        stats = self.stats
-        stats.runs += len(batch)
-        stats.sends += 1
-        stats.largest = max(stats.largest, len(batch))
-        stats.longest_wait_ms = max(stats.longest_wait_ms, waited_ms)
-        for waiting, reply in zip(batch, replies, strict=True):
-            if waiting.reply.done():  # its run was cancelled meanwhile: its finish went anyway
-                continue
-            if isinstance(reply, bytes):
-                waiting.reply.set_exception(FinishError(f"finishing run {waiting.end.engine_id}: {codec.text(reply)}"))
-            else:
-                waiting.reply.set_result(None)
+    async def _send(self, ends: list[RunEnd]) -> list[BaseException | None]:
+        runs = json.dumps([end.texts() for end in ends])
+        replies = await run_script(self._pool(), self.script(self._keys, (now_ms(), *self._store_args, runs)))
+        return [
+            FinishError(f"finishing run {end.engine_id}: {codec.text(reply)}") if isinstance(reply, bytes) else None
+            for end, reply in zip(ends, replies, strict=True)
+        ]

@@ -237,7 +237,7 @@ class FastWorker(StoppableWorker, DirectRun):
         if self.finisher.stats.sends:
             stats = self.finisher.stats
             logger.info("group commit: %d finishes in %d script calls (largest %d, longest wait %.1f ms)",
-                        stats.runs, stats.sends, stats.largest, stats.longest_wait_ms)
+                        stats.items, stats.sends, stats.largest, stats.longest_wait_ms)
         await super().close()
 
     @property

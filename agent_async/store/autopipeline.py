@@ -1,4 +1,4 @@
-"""Concurrent callers' commands share round trips: enqueues and state reads under load.
+"""Concurrent callers' commands share round trips: state reads under load (`JobStore.get`).
 
 redis-py (5.x, the line arq allows) spends about 60 µs of client CPU on a command it sends alone:
 a pool checkout under a lock, a probe of the socket, a send and a receive system call, and under
@@ -21,8 +21,8 @@ from redis.asyncio import Redis
 
 __all__ = ["MAX_BATCH", "AutoPipeline", "PipelineStats"]
 
-# Commands per pipeline at most: Redis runs a client's pipelined commands back to back, and an
-# enqueue script costs it about 70 µs, so a batch stays near a few ms.
+# Commands per pipeline at most: Redis runs a client's pipelined commands back to back, so a batch
+# stays short for the other clients.
 MAX_BATCH = 32
 
 _Waiting = tuple[tuple[Any, ...], "asyncio.Future[Any]"]

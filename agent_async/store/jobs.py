@@ -23,7 +23,7 @@ from agent_async.lifecycle import JobStatus, StartDecision, now_ms
 from agent_async.state import JobState
 from agent_async.store import codec, scripts
 from agent_async.store.autopipeline import AutoPipeline
-from agent_async.store.batch import BatchReply, enqueue_errors, run_batch
+from agent_async.store.enqueue import BatchReply, Enqueues, PreparedEnqueue
 from agent_async.store.keys import KeySpace
 from agent_async.store.schema import CANCEL_REQUESTED_FIELD, state_from_hash, state_to_hash
 from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_source, run_script, store_script
@@ -62,14 +62,14 @@ class JobStore:
         self.lease_ms = lease_ms
         self._redis: Redis | None = None
         self._engine_lua = engine_lua
-        # Enqueues and state reads of concurrent callers share round trips (autopipeline.py).
+        # State reads of concurrent callers share round trips (autopipeline.py).
         self.pipeline = AutoPipeline(lambda: self.redis)
 
         def script(name: str | tuple[str, ...], *, packed: bool = False) -> LuaScript:
             return store_script(name, engine_lua, events_key=events_key, metrics_key=metrics_key, packed=packed)
 
-        self._enqueue = script(("enqueue_job.lua", "enqueue.lua"), packed=True)
-        self._enqueue_many = script(("enqueue_job.lua", "enqueue_many.lua"))
+        # Concurrent callers' enqueues share one script call, as do enqueue_many's (store/enqueue.py).
+        self.enqueues = Enqueues(lambda: self.redis, script(("enqueue_job.lua", "enqueue.lua")))
         self._start = script("start.lua", packed=True)
         self._transition = script("transition.lua", packed=True)
         self._cancel = script("cancel.lua")
@@ -91,7 +91,8 @@ class JobStore:
 
     async def load_scripts(self) -> None:
         """Make the scripts known to Redis (needed before they are queued inside another MULTI)."""
-        await load_scripts(self.redis, (self._enqueue, self._start, self._transition, self._cancel, self._orphan))
+        scripts_ = (self.enqueues.script, self._start, self._transition, self._cancel, self._orphan)
+        await load_scripts(self.redis, scripts_)
 
     async def ping(self) -> None:
         with _reachable("reach Redis"):
@@ -114,17 +115,14 @@ class JobStore:
         Raises RequestRefusedError(JOB_CONCURRENT_LIMIT) when the gate is full, DuplicateJobError
         when the id exists, EnqueueError when Redis refuses (nothing is written in any case).
         """
-        call = self.create_call(state, gate=gate, engine=engine, resume=resume, max_try=max_try,
-                                owned_blobs=owned_blobs)
-        with enqueue_errors(f"enqueue {state.name}"):
-            outcome = await run_script(self.redis, call, via=self.pipeline)
-        self.check_created(state, gate, outcome)
+        job = self.prepare(state, gate=gate, engine=engine, resume=resume, max_try=max_try, owned_blobs=owned_blobs)
+        self.check_created(state, gate, await self.enqueues.one(job))
 
-    def create_call(
+    def prepare(
         self, state: JobState, *, gate: GateClaim | None, engine: EngineJob, resume: bool = False, max_try: int = 1,
         owned_blobs: list[str] | None = None,
-    ) -> ScriptCall:
-        """The enqueue script for one state, built to be sent later (`create`, `create_many`)."""
+    ) -> PreparedEnqueue:
+        """One state's enqueue, built to be sent later (`create`, `create_many`)."""
         k = self.keys
         now = state.created_ms
         flat: list[str | bytes | int] = []
@@ -148,11 +146,12 @@ class JobStore:
             k.owned_blobs if owned_blobs else "",
             k.all_index,
         ]
-        return self._enqueue(keys, args)
+        return PreparedEnqueue(tuple(keys), tuple(args))
 
-    async def create_many(self, calls: Sequence[ScriptCall]) -> BatchReply:
-        """`create_call`s in one script call, each job queued as `create` queues it (store/batch.py)."""
-        return await run_batch(self.redis, self._enqueue_many, calls)
+    async def create_many(self, jobs: Sequence[PreparedEnqueue]) -> BatchReply:
+        """Prepared enqueues in one script call, each job queued as `create` queues it, the call
+        stopped at the first job Redis refuses (store/enqueue.py)."""
+        return await self.enqueues.batch(jobs)
 
     def check_created(self, state: JobState, gate: GateClaim | None, outcome: Any) -> None:
         """Turn the enqueue script's reply into the exception `create` documents (none if queued)."""

@@ -17,7 +17,6 @@ from redis.exceptions import NoScriptError
 from agent_async.lifecycle import lua_constants
 from agent_async.metrics.layout import lua_constants as metrics_constants
 from agent_async.store import codec
-from agent_async.store.autopipeline import AutoPipeline
 
 __all__ = ["LuaScript", "ScriptCall", "load_scripts", "lua_source", "run_script"]
 
@@ -136,14 +135,11 @@ async def load_scripts(redis: Redis, scripts: Sequence[LuaScript]) -> None:
         await redis.script_load(script.source)
 
 
-async def run_script(redis: Redis, call: ScriptCall, *, via: AutoPipeline | None = None) -> Any:
-    """EVALSHA, falling back to SCRIPT LOAD once on NOSCRIPT (after a Redis restart or flush).
-
-    `via`: sent with concurrent callers' commands (the store's AutoPipeline) instead of alone."""
-    send = via.execute_command if via is not None else redis.execute_command
+async def run_script(redis: Redis, call: ScriptCall) -> Any:
+    """EVALSHA, falling back to SCRIPT LOAD once on NOSCRIPT (after a Redis restart or flush)."""
     argv = (call.script.sha, *call.argv())
     try:
-        return await send("EVALSHA", *argv)
+        return await redis.execute_command("EVALSHA", *argv)  # type: ignore[no-untyped-call]
     except NoScriptError:
         await redis.script_load(call.script.source)
-        return await send("EVALSHA", *argv)
+        return await redis.execute_command("EVALSHA", *argv)  # type: ignore[no-untyped-call]

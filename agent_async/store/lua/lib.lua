@@ -120,14 +120,16 @@ end
 -- How many of the counts 1..n start a run of PRUNE_EVERY (1, 1 + PRUNE_EVERY, ...).
 local function prune_turns(n) return math.floor((n + PRUNE_EVERY - 1) / PRUNE_EVERY) end
 
--- `by`: how much `count` just grew (a batch counts several writes at once; default 1): the index
--- is pruned if one of the counts it went through starts a run.
+-- `by`: how many writes of the index this prune answers for (a batch counts several at once;
+-- default 1), `count` the paced count after them: the index is pruned for each run they started.
 local function prune(index, state_prefix, cutoff_ms, count, by)
   if index == '' then return end
-  local batch = PRUNE_BATCH
+  by = by or 1
+  local batch = PRUNE_BATCH * by
   if count then
-    if prune_turns(count) == prune_turns(count - (by or 1)) then return end
-    batch = PRUNE_BATCH * PRUNE_EVERY
+    local turns = prune_turns(count) - prune_turns(count - by)
+    if turns == 0 then return end
+    batch = PRUNE_BATCH * PRUNE_EVERY * turns
   end
   local old = redis.call('ZRANGEBYSCORE', index, '-inf', cutoff_ms, 'LIMIT', 0, batch)
   for _, member in ipairs(old) do
