@@ -4,13 +4,12 @@ scheduler for one namespace, owns their Redis connection, and holds the enqueue 
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 
-from agent_async.engine import STORE_LUA, Engine
+from agent_async.engine import STORE_LUA, Engine, engine_queue
 from agent_async.errors import StorageError
 from agent_async.groups import Groups
 from agent_async.job import JobResources
@@ -23,7 +22,7 @@ from agent_async.runs import RunRecords
 from agent_async.schedules.overrides import ScheduleOverrides
 from agent_async.schedules.scheduler import Scheduler
 from agent_async.settings import AgentSettings
-from agent_async.state import JobState
+from agent_async.state import JobState, new_job_id
 from agent_async.store import GateClaim, JobStore, KeySpace, check_buffers
 from agent_async.store.events import EventLog
 from agent_async.store.groups import GroupStore
@@ -67,7 +66,8 @@ class Agent:
         self.keys = KeySpace(settings.namespace)
         self.job_store = JobStore(
             keys=self.keys, retention_s=settings.state_retention_s, lease_ms=int(settings.lease_s * 1000),
-            engine_lua=STORE_LUA, events=settings.events_enabled, metrics=settings.metrics_enabled,
+            engine_lua=STORE_LUA, engine_queue=engine_queue(settings.namespace), events=settings.events_enabled,
+            metrics=settings.metrics_enabled,
         )
         # One outage report per process, whichever loop meets it first.
         outage = RedisOutage()
@@ -184,7 +184,7 @@ class Agent:
     ) -> JobState:
         """Take the gate slot, persist PENDING and queue the engine job in one Redis script."""
         state = JobState(
-            job_id=job_id or uuid.uuid4().hex,
+            job_id=job_id or new_job_id(),
             name=request.name,
             user_uid=user_uid,
             payload=request.payload(),
@@ -194,7 +194,7 @@ class Agent:
         await self.job_store.create(
             state,
             gate=self.gate_claim(type(request), user_uid),
-            engine=self.engine.job(state, defer_s),
+            run=self.engine.run_at(defer_s),
             resume=request.resume,
             max_try=request.max_try,
             owned_blobs=request.owned_blob_refs(),

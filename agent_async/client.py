@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -18,7 +17,7 @@ from agent_async.lifecycle import JobStatus
 from agent_async.request import JobRequest
 from agent_async.runs import RunRecord
 from agent_async.schedules.scheduler import Scheduler
-from agent_async.state import JobState
+from agent_async.state import JobState, new_job_id
 from agent_async.store.enqueue import MAX_BATCH as ENQUEUE_BATCH
 from agent_async.store.enqueue import BatchReply, PreparedEnqueue
 from agent_async.store.events import JobEvent
@@ -118,11 +117,11 @@ class ClientAgent:
                 await asyncio.sleep(0)  # the batch in flight is written (and its reply read) meanwhile
             request = requests[i]
             try:
-                state = JobState(job_id=uuid.uuid4().hex, name=request.name, user_uid=user_uid,
+                state = JobState(job_id=new_job_id(), name=request.name, user_uid=user_uid,
                                  payload=request.payload())
                 gate = self.agent.gate_claim(type(request), user_uid)
                 call = self._jobs.prepare(
-                    state, gate=gate, engine=self.agent.engine.job(state, defer_s), resume=request.resume,
+                    state, gate=gate, run=self.agent.engine.run_at(defer_s), resume=request.resume,
                     max_try=request.max_try, owned_blobs=request.owned_blob_refs(),
                 )
             except RequestRefusedError as exc:

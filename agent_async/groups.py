@@ -19,7 +19,7 @@ from typing import Any
 from agent_async.engine import Engine
 from agent_async.errors import GroupError
 from agent_async.request import JobRequest
-from agent_async.state import JobState
+from agent_async.state import JobState, new_job_id
 from agent_async.store import JobStore
 from agent_async.store.groups import GroupRecord, GroupStatus, GroupStore, PreparedJob
 from agent_async.store.schema import state_to_hash
@@ -122,7 +122,7 @@ class Groups:
         return await self._groups.finalize_pending()
 
     def _prepare(self, request: JobRequest, user_uid: str | None, extra: dict[str, str]) -> PreparedJob:
-        state = JobState(job_id=uuid.uuid4().hex, name=request.name, user_uid=user_uid, payload=request.payload())
+        state = JobState(job_id=new_job_id(), name=request.name, user_uid=user_uid, payload=request.payload())
         engine_job = self._engine.job(state)
         ref = engine_job.ref
         fields = {

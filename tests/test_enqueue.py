@@ -8,10 +8,13 @@ import asyncio
 import dataclasses
 from typing import Any
 
+from arq.jobs import deserialize_job
 from redis.asyncio import Redis
 
 from agent_async import Agent, AgentSettings, ClientAgent, JobStatus
+from agent_async.engine.wire import serialize, wire_loads
 from agent_async.errors import DuplicateJobError, EnqueueError, QueueUnavailableError, RequestCode, RequestRefusedError
+from agent_async.state import JobState, new_job_id
 from tests.faults.conftest import PrivateRedis, free_port
 from tests.jobs import Echo, GatedFive, Sleeper
 
@@ -68,7 +71,7 @@ async def test_a_duplicate_id_is_refused_alone(agent: Agent, client: ClientAgent
     assert state is not None
 
     async def again() -> None:
-        await agent.job_store.create(state, gate=None, engine=agent.engine.job(state))
+        await agent.job_store.create(state, gate=None, run=agent.engine.run_at())
 
     outcomes = await asyncio.gather(again(), client.enqueue(Echo(text="other")), return_exceptions=True)
     assert isinstance(outcomes[0], DuplicateJobError) and isinstance(outcomes[1], str)
@@ -117,3 +120,35 @@ async def test_unreachable_redis_fails_every_enqueue_sent_together(agent: Agent,
         await dead.aclose()
     assert all(isinstance(o, QueueUnavailableError) and "could not enqueue" in str(o) for o in outcomes), outcomes
     assert await client.enqueue(Echo()) is not None
+
+
+async def test_the_engines_record_of_a_job_reads_back_as_arqs_own(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """enqueue.lua writes arq's record of each job from the state's payload (queue.lua's
+    engine_job_bytes): arq reads it back as the record engine/wire.py's serialize would write,
+    byte for byte for a plain payload, value for value for one with quotes and non-ASCII text."""
+    plain = await client.enqueue(Echo(text="x", numbers=[1, 2]))
+    tricky = await client.enqueue(Echo(text='quote " slash / é \\ \u2028'))
+    for job_id in (plain, tricky):
+        state = await client.get_state(job_id)
+        assert state is not None
+        written = await redis.get(f"arq:job:{agent.engine.names.engine_job_id(job_id)}")
+        expected = serialize(state.name, state.payload, state.created_ms)
+        assert written is not None
+        if job_id == plain:
+            assert written == expected
+        assert deserialize_job(written, deserializer=wire_loads) == deserialize_job(expected, deserializer=wire_loads)
+
+
+async def test_a_new_states_other_fields_are_written_too(agent: Agent) -> None:
+    """A state created with fields enqueue.lua does not take as arguments (a retry's `retry_of`, a
+    status or attempts other than a new job's) keeps them."""
+    state = JobState(job_id=new_job_id(), name=Echo.name, payload={"text": "x"}, retry_of="j0", attempts=2,
+                     error="ValueError: before")
+    await agent.job_store.create(state, gate=None, run=agent.engine.run_at())
+    stored = await agent.job_store.get(state.job_id)
+    assert stored is not None
+    assert (stored.retry_of, stored.attempts, stored.error) == ("j0", 2, "ValueError: before")
+    assert stored.payload == {"text": "x"}
+    assert (stored.status, stored.created_ms) == (JobStatus.PENDING, state.created_ms)

@@ -38,9 +38,11 @@ from agent_async.outage import RedisOutage
 from agent_async.registry import JobRegistry
 from agent_async.settings import AgentSettings
 from agent_async.state import JobState
-from agent_async.store import EngineJob, EngineRef, JobStore, LuaScript, lua_source, run_script
+from agent_async.store import EngineJob, EngineQueue, EngineRef, EngineRun, JobStore, LuaScript, lua_source, run_script
 
-__all__ = ["STORE_LUA", "Dropped", "Engine", "EngineView", "JobHandler", "QueueStats", "ScheduleTicker"]
+__all__ = [
+    "STORE_LUA", "Dropped", "Engine", "EngineView", "JobHandler", "QueueStats", "ScheduleTicker", "engine_queue",
+]
 
 # The engine's Lua library, loaded in front of every store script (see store/jobs.py).
 STORE_LUA = ENGINE_LUA
@@ -57,6 +59,12 @@ _ARQ_TIMEOUT_MARGIN_S = 5.0
 _CRON_TICK_TIMEOUT_S = 60
 
 _RELEASE_CLAIM = LuaScript(lua_source("agent_async.engine", "release_claim.lua"))
+
+
+def engine_queue(namespace: str) -> EngineQueue:
+    """Where the store's enqueue script queues this namespace's new jobs (see EngineQueue)."""
+    names = EngineNames(namespace)
+    return EngineQueue(queue_key=names.queue, id_prefix=names.engine_job_id(""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,14 +105,19 @@ class Engine:
     # -- queue -------------------------------------------------------------------------------
 
     def job(self, state: JobState, defer_s: float = 0.0) -> EngineJob:
-        """The arq job to queue for a state (new, or re-queued after its worker was lost)."""
-        defer_ms = max(0, int(defer_s * 1000))
+        """The arq job to queue for a state again (its worker was lost) or for a group's child."""
+        run = self.run_at(defer_s)
         return EngineJob(
             ref=self.names.ref(state.job_id),
             job_bytes=serialize(state.name, state.payload, state.created_ms),
-            score_ms=now_ms() + defer_ms,
-            ttl_ms=defer_ms + JOB_TTL_EXTRA_MS,
+            score_ms=run.score_ms,
+            ttl_ms=run.ttl_ms,
         )
+
+    def run_at(self, defer_s: float = 0.0) -> EngineRun:
+        """When a new job is to run (now, or `defer_s` later), and how long arq keeps it."""
+        defer_ms = max(0, int(defer_s * 1000))
+        return EngineRun(score_ms=now_ms() + defer_ms, ttl_ms=defer_ms + JOB_TTL_EXTRA_MS)
 
     def ref(self, job_id: str) -> EngineRef:
         """Where arq keeps a job: what to delete to take it out of arq's queue."""

@@ -22,7 +22,8 @@ __all__ = [
 # The engine's Lua library (queue.lua), its constants filled in from wire.py.
 ENGINE_LUA = lua_source(
     "agent_async.engine", "queue.lua",
-    {"@WAKE_CAP@": str(WAKE_CAP), "@WAKE_TTL_MS@": str(WAKE_TTL_MS), "@WAKE_SUFFIX@": WAKE_SUFFIX},
+    {"@WAKE_CAP@": str(WAKE_CAP), "@WAKE_TTL_MS@": str(WAKE_TTL_MS), "@WAKE_SUFFIX@": WAKE_SUFFIX,
+     "@JOB_PREFIX@": job_key_prefix},
 )
 _CLAIM_BODY = lua_source("agent_async.engine", "claim_batch.lua")
 # arq's run_job keeps a job's tries this long (its literal, arq 0.28 worker.py).

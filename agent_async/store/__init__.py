@@ -6,13 +6,15 @@ from agent_async.store.jobs import JobStore
 from agent_async.store.keys import GLOBAL_SCOPE, KeySpace
 from agent_async.store.readiness import check_buffers
 from agent_async.store.scripts import LuaScript, ScriptCall, lua_source, run_script
-from agent_async.store.types import CancelReply, EngineJob, EngineRef, GateClaim, Transition
+from agent_async.store.types import CancelReply, EngineJob, EngineQueue, EngineRef, EngineRun, GateClaim, Transition
 
 __all__ = [
     "GLOBAL_SCOPE",
     "CancelReply",
     "EngineJob",
+    "EngineQueue",
     "EngineRef",
+    "EngineRun",
     "GateClaim",
     "JobStore",
     "KeySpace",

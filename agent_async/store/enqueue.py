@@ -18,9 +18,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, TimeoutError
 
 from agent_async.errors import EnqueueError, QueueUnavailableError
+from agent_async.lifecycle import now_ms
 from agent_async.store import codec
 from agent_async.store.group_commit import GroupCommit, GroupStats
-from agent_async.store.scripts import Arg, LuaScript, run_script
+from agent_async.store.scripts import LuaScript, run_script
 
 __all__ = ["MAX_BATCH", "BatchReply", "Enqueues", "PreparedEnqueue", "enqueue_errors"]
 
@@ -31,17 +32,9 @@ MAX_BATCH = 100
 
 @dataclass(frozen=True, slots=True)
 class PreparedEnqueue:
-    """One job's keys and arguments for enqueue_job.lua (JobStore.prepare), built now and sent later."""
+    """One job as enqueue_job.lua takes it (JobStore.prepare), built now and sent later."""
 
-    keys: tuple[Arg, ...]
-    args: tuple[Arg, ...]
-
-    def texts(self) -> list[list[str]]:
-        """[keys, args] as text, as the script decodes them."""
-        # Most arguments are str already: the type test inline skips a call per argument (an
-        # enqueue has about 35, and enqueue_many's rate is bound by its Python per job).
-        return [[k if type(k) is str else codec.text(k) for k in self.keys],
-                [a if type(a) is str else codec.text(a) for a in self.args]]
+    fields: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +62,15 @@ def enqueue_errors(what: str) -> Iterator[None]:
 class Enqueues:
     """The enqueue script, for concurrent callers' jobs together (`one`) or for a batch (`batch`)."""
 
-    def __init__(self, redis: Callable[[], Redis], script: LuaScript) -> None:
+    def __init__(
+        self, redis: Callable[[], Redis], script: LuaScript, *, constants: tuple[str, ...], retention_s: int
+    ) -> None:
         # A getter: the store is bound to its client after it is built.
         self._redis = redis
         self.script = script
+        # enqueue.lua's keys and prefixes (its ARGV after the jobs and the stop flag).
+        self._constants = constants
+        self._retention_ms = retention_s * 1000
         self._group: GroupCommit[PreparedEnqueue, int] = GroupCommit(self._send_together, max_batch=MAX_BATCH)
 
     @property
@@ -106,5 +104,7 @@ class Enqueues:
         return BatchReply(replies)
 
     async def _run(self, jobs: Sequence[PreparedEnqueue], *, stop: bool) -> list[Any]:
-        argv = json.dumps([job.texts() for job in jobs])
-        return list(await run_script(self._redis(), self.script([], [argv, "1" if stop else ""])))
+        # The indexes' entries older than the retention are pruned as they are written.
+        argv = [json.dumps([job.fields for job in jobs]), "1" if stop else "", *self._constants,
+                str(now_ms() - self._retention_ms)]
+        return list(await run_script(self._redis(), self.script([], argv)))

@@ -25,9 +25,9 @@ from agent_async.store import codec, scripts
 from agent_async.store.autopipeline import AutoPipeline
 from agent_async.store.enqueue import BatchReply, Enqueues, PreparedEnqueue
 from agent_async.store.keys import KeySpace
-from agent_async.store.schema import CANCEL_REQUESTED_FIELD, state_from_hash, state_to_hash
+from agent_async.store.schema import CANCEL_REQUESTED_FIELD, new_state_extras, state_from_hash
 from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_source, run_script, store_script
-from agent_async.store.types import CancelReply, EngineJob, EngineRef, GateClaim, Transition
+from agent_async.store.types import CancelReply, EngineJob, EngineQueue, EngineRef, EngineRun, GateClaim, Transition
 
 __all__ = ["JobStore"]
 
@@ -51,8 +51,8 @@ class JobStore:
     """
 
     def __init__(
-        self, *, keys: KeySpace, retention_s: int, lease_ms: int, engine_lua: str, events: bool = True,
-        metrics: bool = True,
+        self, *, keys: KeySpace, retention_s: int, lease_ms: int, engine_lua: str, engine_queue: EngineQueue,
+        events: bool = True, metrics: bool = True,
     ) -> None:
         self.keys = keys
         # '' turns the scripts' event writes off (lib.lua's emit), and their counters (lib.lua's metric).
@@ -69,7 +69,10 @@ class JobStore:
             return store_script(name, engine_lua, events_key=events_key, metrics_key=metrics_key, packed=packed)
 
         # Concurrent callers' enqueues share one script call, as do enqueue_many's (store/enqueue.py).
-        self.enqueues = Enqueues(lambda: self.redis, script(("enqueue_job.lua", "enqueue.lua")))
+        self.enqueues = Enqueues(lambda: self.redis, script(("enqueue_job.lua", "enqueue.lua")), constants=(
+            keys.state(""), keys.active_index, keys.all_index, keys.user_index(""), keys.schedule_index(""),
+            keys.owned_blobs, engine_queue.queue_key, engine_queue.id_prefix,
+        ), retention_s=retention_s)
         self._start = script("start.lua", packed=True)
         self._transition = script("transition.lua", packed=True)
         self._cancel = script("cancel.lua")
@@ -105,7 +108,7 @@ class JobStore:
         state: JobState,
         *,
         gate: GateClaim | None,
-        engine: EngineJob,
+        run: EngineRun,
         resume: bool = False,
         max_try: int = 1,
         owned_blobs: list[str] | None = None,
@@ -115,38 +118,23 @@ class JobStore:
         Raises RequestRefusedError(JOB_CONCURRENT_LIMIT) when the gate is full, DuplicateJobError
         when the id exists, EnqueueError when Redis refuses (nothing is written in any case).
         """
-        job = self.prepare(state, gate=gate, engine=engine, resume=resume, max_try=max_try, owned_blobs=owned_blobs)
+        job = self.prepare(state, gate=gate, run=run, resume=resume, max_try=max_try, owned_blobs=owned_blobs)
         self.check_created(state, gate, await self.enqueues.one(job))
 
+    @staticmethod
     def prepare(
-        self, state: JobState, *, gate: GateClaim | None, engine: EngineJob, resume: bool = False, max_try: int = 1,
+        state: JobState, *, gate: GateClaim | None, run: EngineRun, resume: bool = False, max_try: int = 1,
         owned_blobs: list[str] | None = None,
     ) -> PreparedEnqueue:
-        """One state's enqueue, built to be sent later (`create`, `create_many`)."""
-        k = self.keys
+        """One new state's enqueue, built to be sent later (`create`, `create_many`): what
+        enqueue_job.lua takes (it derives the keys and the engine's record itself)."""
         now = state.created_ms
-        flat: list[str | bytes | int] = []
-        # resume and max_try travel with the state so the scripts can settle a lost run alone.
-        fields = state_to_hash(state, resume=resume, max_try=max_try, owned_blobs=owned_blobs)
-        for field_name, value in fields.items():
-            flat += [field_name, value]
-        args: list[str | bytes | int] = [
-            state.job_id, now,
-            gate.limit if gate else 0, now + gate.ttl_ms if gate else 0,
-            engine.ref.engine_job_id, engine.score_ms, engine.job_bytes, engine.ttl_ms,
-            k.state(""), now - self.retention_s * 1000,
-            *flat,
-        ]
-        keys = [
-            k.state(state.job_id), k.active_index,
-            k.user_index(state.user_uid) if state.user_uid else "",
-            k.schedule_index(state.schedule_name) if state.schedule_name else "",
-            gate.key if gate else "",
-            engine.ref.queue_key, engine.ref.job_key,
-            k.owned_blobs if owned_blobs else "",
-            k.all_index,
-        ]
-        return PreparedEnqueue(tuple(keys), tuple(args))
+        return PreparedEnqueue([
+            state.job_id, str(now), state.name, codec.dumps(state.payload), state.user_uid or "",
+            state.schedule_name or "", gate.key if gate else "", str(gate.limit) if gate else "0",
+            str(now + gate.ttl_ms) if gate else "0", str(run.score_ms), str(run.ttl_ms), "1" if resume else "0",
+            str(max_try), codec.dumps(owned_blobs) if owned_blobs else "", *new_state_extras(state),
+        ])
 
     async def create_many(self, jobs: Sequence[PreparedEnqueue]) -> BatchReply:
         """Prepared enqueues in one script call, each job queued as `create` queues it, the call

@@ -24,7 +24,7 @@ from agent_async.lifecycle import JobStatus
 from agent_async.state import JobState
 from agent_async.store import codec
 
-__all__ = ["CANCEL_REQUESTED_FIELD", "OWNED_BLOBS_FIELD", "state_from_hash", "state_to_hash"]
+__all__ = ["CANCEL_REQUESTED_FIELD", "OWNED_BLOBS_FIELD", "new_state_extras", "state_from_hash", "state_to_hash"]
 
 CANCEL_REQUESTED_FIELD = "cancel_requested_ms"
 OWNED_BLOBS_FIELD = "owned_blobs"
@@ -55,6 +55,25 @@ def state_to_hash(
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
     return fields
+
+
+def new_state_extras(state: JobState) -> list[str]:
+    """The fields of a new state beyond those enqueue_job.lua writes itself (status PENDING,
+    attempts 0 and the fields it takes as arguments), as field/value pairs: often none."""
+    extras: list[str] = []
+    if state.status is not JobStatus.PENDING:
+        extras += ["status", state.status.value]
+    if state.attempts:
+        extras += ["attempts", str(state.attempts)]
+    for field, value in (("error", state.error), ("retry_of", state.retry_of)):
+        if value is not None:
+            extras += [field, value]
+    if state.result is not None:
+        extras += ["result", codec.dumps(state.result)]
+    for field, ms in (("started_ms", state.started_ms), ("finished_ms", state.finished_ms)):
+        if ms is not None:
+            extras += [field, str(ms)]
+    return extras
 
 
 def state_from_hash(raw: Mapping[bytes, bytes], job_id: str) -> JobState:

@@ -8,7 +8,7 @@ from enum import Enum
 
 from agent_async.lifecycle import JobStatus
 
-__all__ = ["CancelReply", "EngineJob", "EngineRef", "GateClaim", "Transition"]
+__all__ = ["CancelReply", "EngineJob", "EngineQueue", "EngineRef", "EngineRun", "GateClaim", "Transition"]
 
 
 class CancelReply(Enum):
@@ -40,6 +40,24 @@ class EngineRef:
     job_key: str
     claim_key: str
     engine_job_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class EngineQueue:
+    """Where the queue engine queues this namespace's new jobs: its queue and the prefix of its job
+    ids (engine job id = prefix + job id). The engine's Lua derives each job's keys and record from
+    these (queue.lua's engine_job_key, engine_job_bytes)."""
+
+    queue_key: str
+    id_prefix: str
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRun:
+    """When the engine is to run a new job (its queue score, ms) and how long it keeps the job."""
+
+    score_ms: int
+    ttl_ms: int
 
 
 @dataclass(frozen=True, slots=True)

@@ -30,6 +30,16 @@ local function engine_wake(queue, tokens)
   end
 end
 
+-- arq's key of an engine job id, and arq's record of a job calling function `fn` with one
+-- argument, the payload (its JSON text, as the state holds it): what arq's serialize_job writes
+-- with our JSON serializer (engine/wire.py's serialize, tested to read back the same), built here
+-- so an enqueue sends the payload once instead of once more inside the record.
+local function engine_job_key(engine_id) return '@JOB_PREFIX@' .. engine_id end
+
+local function engine_job_bytes(fn, payload, enqueue_ms)
+  return '{"t":null,"f":' .. cjson.encode(fn) .. ',"a":[' .. payload .. '],"k":{},"et":' .. enqueue_ms .. '}'
+end
+
 -- Whether the engine holds the job, or any of the other keys given exists (one call for all).
 local function engine_has(job_key, ...)
   return redis.call('EXISTS', job_key, ...) > 0

@@ -1,21 +1,24 @@
 -- enqueue_job: persist a PENDING state, take its concurrency slot, index it and queue the engine job,
 -- all or nothing: a refused enqueue writes nothing (its checks come first, or are undone).
--- One job of enqueue.lua's call, between enqueue_begin() and enqueue_end(): the writes its jobs
+-- One job of enqueue.lua's call, between enqueue_begin(C) and enqueue_end(): the writes its jobs
 -- share (their index entries after each key's first, the enqueue counts and the index pruning
--- they pace, the wake-up tokens) are collected and sent once for all at the end.
--- KEYS: state, active, user index|'', schedule index|'', gate|'', engine queue, engine job,
---       owned blobs hash|''  (when the state has an owned_blobs field), all-jobs index
--- ARGV: job id, now ms, gate limit, gate slot expiry ms, engine job id, engine score ms,
---       engine job bytes, engine job ttl ms, state key prefix, index cutoff ms,
---       then the state's hash field/value pairs
+-- they pace, the wake-up tokens) are collected and sent once for all at the end. Each job's keys
+-- and its engine record are derived here from the call's constants and the job's own fields.
+-- KEYS: none (the call's constants C: enqueue_begin's)
+-- ARGV: none (the job, a list: job id, created ms, job name, payload JSON, user|'', schedule|'',
+--       gate key|'', gate limit, gate slot expiry ms, engine score ms, engine job ttl ms,
+--       resume '1'|'0', max_try, owned blobs JSON|'', then the state's other field/value pairs)
 -- Reply: 1 queued, 0 gate full, -1 the id exists, -2 a key has the wrong type
 
 -- The call's shared writes: the keys known to be zsets, the enqueue counts by job name, the indexes
 -- to prune, the wake-up tokens by queue.
 local Q = nil
+-- The call's constants: keys and prefixes of this namespace, and the index cutoff (ms).
+local C = nil
 
-local function enqueue_begin()
+local function enqueue_begin(constants)
   batch_begin()
+  C = constants
   Q = {zsets = {}, counts = {}, count_order = {}, prunes = {}, prune_order = {}, woken = {}}
 end
 
@@ -62,56 +65,60 @@ local function prune_later(index, prefix, cutoff)
   p.by = p.by + 1
 end
 
-local function enqueue_job(KEYS, ARGV)
-  local state, active, user_idx, sched_idx, gate, queue, engine_key, owned, all_idx =
-    KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6], KEYS[7], KEYS[8], KEYS[9]
-  local job_id, now = ARGV[1], tonumber(ARGV[2])
+local function enqueue_job(job)
+  local job_id, now, name, payload, user, schedule = job[1], tonumber(job[2]), job[3], job[4], job[5], job[6]
+  local gate, limit, gate_expiry, score, ttl_ms = job[7], tonumber(job[8]), job[9], job[10], job[11]
+  local state, engine_id = C.state_prefix .. job_id, C.engine_prefix .. job_id
+  local engine_key = engine_job_key(engine_id)
   if engine_has(engine_key, state) then return -1 end
-  local limit = tonumber(ARGV[3])
   local gated = gate ~= '' and limit > 0
   if gated then
     if not zset_or_none(gate) then return -2 end
     redis.call('ZREMRANGEBYSCORE', gate, '-inf', now)
     if redis.call('ZCARD', gate) >= limit then
-      metric('gate|' .. field_value(ARGV, 11, 'name'))
+      metric('gate|' .. name)
       return 0
     end
   end
-  local name = field_value(ARGV, 11, 'name')
+  local user_idx = user ~= '' and C.user_prefix .. user or ''
+  local sched_idx = schedule ~= '' and C.schedule_prefix .. schedule or ''
   -- The engine's queue is one of the checked zset writes (no TYPE call for it either).
-  local q_key, q_score, q_member = engine_queue_entry(queue, ARGV[5], ARGV[6])
+  local q_key, q_score, q_member = engine_queue_entry(C.queue, engine_id, score)
   local zsets = {
-    {q_key, q_score, q_member}, {active, now, job_id}, {all_idx, now, job_id},
-    {idx_key(active, 'name:' .. name), now, job_id}, {user_idx, now, job_id}, {sched_idx, now, job_id},
+    {q_key, q_score, q_member}, {C.active, now, job_id}, {C.all_idx, now, job_id},
+    {idx_key(C.active, 'name:' .. name), now, job_id}, {user_idx, now, job_id}, {sched_idx, now, job_id},
   }
   if not write_zsets(zsets) then return -2 end
-  local fields = {}
-  for i = 11, #ARGV do fields[#fields + 1] = ARGV[i] end
-  fields[#fields + 1] = 'updated_ms'; fields[#fields + 1] = now
+  local fields = {'name', name, 'status', 'PENDING', 'payload', payload, 'attempts', '0', 'created_ms', job[2],
+                  'resume', job[12], 'max_try', job[13], 'updated_ms', job[2]}
+  if user ~= '' then fields[#fields + 1] = 'user'; fields[#fields + 1] = user end
+  if schedule ~= '' then fields[#fields + 1] = 'schedule'; fields[#fields + 1] = schedule end
+  if job[14] ~= '' then fields[#fields + 1] = 'owned_blobs'; fields[#fields + 1] = job[14] end
+  -- The state's other fields (retry_of, ...) override the defaults above.
+  for i = 15, #job do fields[#fields + 1] = job[i] end
   if gated then
     fields[#fields + 1] = 'gate'; fields[#fields + 1] = gate
-    fields[#fields + 1] = 'gate_ttl_ms'; fields[#fields + 1] = tonumber(ARGV[4]) - now
+    fields[#fields + 1] = 'gate_ttl_ms'; fields[#fields + 1] = tonumber(gate_expiry) - now
   end
   redis.call('HSET', state, unpack(fields))
-  emit_known(job_id, 'PENDING', now, name, field_value(ARGV, 11, 'user'), field_value(ARGV, 11, 'attempts'),
-             field_value(ARGV, 11, 'error'))
+  emit_known(job_id, 'PENDING', now, name, user, '0', '')
   if gated then
-    redis.call('ZADD', gate, tonumber(ARGV[4]), job_id)
-    if redis.call('PTTL', gate) < tonumber(ARGV[4]) - now then redis.call('PEXPIREAT', gate, tonumber(ARGV[4])) end
+    redis.call('ZADD', gate, gate_expiry, job_id)
+    if redis.call('PTTL', gate) < tonumber(gate_expiry) - now then redis.call('PEXPIREAT', gate, gate_expiry) end
   end
-  if owned ~= '' then redis.call('HSET', owned, job_id, redis.call('HGET', state, 'owned_blobs')) end
-  engine_store(queue, engine_key, ARGV[7], ARGV[8], false)
-  Q.woken[queue] = (Q.woken[queue] or 0) + 1
-  count_later(name, all_idx, ARGV[9], ARGV[10])
-  prune_later(user_idx, ARGV[9], ARGV[10])
-  prune_later(sched_idx, ARGV[9], ARGV[10])
+  if job[14] ~= '' then redis.call('HSET', C.owned, job_id, job[14]) end
+  engine_store(C.queue, engine_key, engine_job_bytes(name, payload, job[2]), ttl_ms, false)
+  Q.woken[C.queue] = (Q.woken[C.queue] or 0) + 1
+  count_later(name, C.all_idx, C.state_prefix, C.cutoff)
+  prune_later(user_idx, C.state_prefix, C.cutoff)
+  prune_later(sched_idx, C.state_prefix, C.cutoff)
   return 1
 end
 
 -- Sends what the call's jobs share, and ends it.
 local function enqueue_end()
   local q = Q
-  Q = nil
+  Q, C = nil, nil
   batch_end()
   -- Every job's index gains an entry with each enqueue: the count of enqueues paces its pruning.
   for _, name in ipairs(q.count_order) do
