@@ -25,15 +25,18 @@ ENGINE_LUA = lua_source(
     {"@WAKE_CAP@": str(WAKE_CAP), "@WAKE_TTL_MS@": str(WAKE_TTL_MS), "@WAKE_SUFFIX@": WAKE_SUFFIX,
      "@JOB_PREFIX@": job_key_prefix},
 )
-_CLAIM_BODY = lua_source("agent_async.engine", "claim_batch.lua")
+# The claim as a function (claim_lib.lua), then the script that calls it (claim_batch.lua).
+CLAIM_LIB = lua_source("agent_async.engine", "claim_lib.lua")
+_CLAIM_BODY = CLAIM_LIB + "\n" + lua_source("agent_async.engine", "claim_batch.lua")
 # arq's run_job keeps a job's tries this long (its literal, arq 0.28 worker.py).
 _ARQ_RETRY_TTL_S = 88400
 # The claim that also picks each job up (pickup.lua): the body a store builds into a script with
 # its own library in front (JobStore.starting_in), since the pickup starts the job too.
-CLAIM_WITH_PICKUP = lua_source(
+PICKUP_LIB = lua_source(
     "agent_async.engine", "pickup.lua",
     {"@JOB_PREFIX@": job_key_prefix, "@RETRY_PREFIX@": retry_key_prefix, "@RETRY_TTL_S@": str(_ARQ_RETRY_TTL_S)},
-) + "\n" + _CLAIM_BODY
+)
+CLAIM_WITH_PICKUP = PICKUP_LIB + "\n" + _CLAIM_BODY
 _CLAIM_BATCH = LuaScript(
     ENGINE_LUA + "\n" + lua_source("agent_async.engine", "no_pickup.lua") + "\n" + _CLAIM_BODY, packed=True
 )

@@ -2,15 +2,20 @@
 -- tries, EXPIRE them, ZREM it from the abort set) and the store's START transition (lib.lua's
 -- start_job), done inside the claim for the jobs it takes, so a job runs one round trip after its
 -- claim instead of two. The worker answers arq's pickup transaction from this reply
--- (engine/transactions.py, PoolWithPickup). Loaded after the store's lib.lua, before claim_batch.lua.
--- KEYS: the claim's (claim_batch.lua)
--- ARGV: the claim's five, then: engine id prefix of this namespace's jobs, state key prefix,
---       active index, leases, lease ms, retention s, arq's abort set ('' if aborts are off)
+-- (engine/transactions.py, PoolWithPickup). Loaded after the store's lib.lua, before claim_lib.lua.
+-- KEYS: none of its own (the claim's)
+-- ARGV: none of its own: pickup_setup(args, first) reads, from args[first] on: engine id prefix of
+--       this namespace's jobs, state key prefix, active index, leases, lease ms, retention s, arq's
+--       abort set ('' if aborts are off) (Pickup.args, engine/claim.py)
 -- pickup_all(engine ids, now) -> per job {job, tries, aborted, start reply}, or false for a job
 -- that is not one of this namespace's tracked jobs (a cron tick): arq then picks it up itself.
 
-local P_ENGINE, P_STATE, P_ACTIVE, P_LEASES = ARGV[6], ARGV[7], ARGV[8], ARGV[9]
-local P_LEASE_MS, P_RETENTION, P_ABORT = tonumber(ARGV[10]), ARGV[11], ARGV[12]
+local P_ENGINE, P_STATE, P_ACTIVE, P_LEASES, P_LEASE_MS, P_RETENTION, P_ABORT
+
+local function pickup_setup(args, first)
+  P_ENGINE, P_STATE, P_ACTIVE, P_LEASES = args[first], args[first + 1], args[first + 2], args[first + 3]
+  P_LEASE_MS, P_RETENTION, P_ABORT = tonumber(args[first + 4]), args[first + 5], args[first + 6]
+end
 
 local function pickup_one(engine_id, job, now, abort_live)
   local job_id = string.sub(engine_id, #P_ENGINE + 1)

@@ -1,0 +1,72 @@
+-- claim_lib: the batch claim as a function, for the claim script (claim_batch.lua) and for the
+-- finish of runs, which claims jobs for the slots its runs free (finish_batch.lua). Loaded after
+-- queue.lua and pickup.lua (or no_pickup.lua).
+-- claim(queue, wake list, now ms, in-progress ttl ms, in-progress key prefix, jobs wanted, read
+-- limit) claims up to `wanted` due jobs (arq's claim of each: not in progress, due, then marked in
+-- progress; arq spends four round trips per job on it), picks them up (pickup_all), and tells the
+-- worker how long it may wait when it found fewer.
+-- Reply: {next, engine id, score, pickup, engine id, score, pickup, ...} (pickup: pickup_all's,
+--        nil for a job arq picks up itself). next: -1 the batch is full and more due
+--        jobs may wait; -2 the read limit was all jobs claimed elsewhere (poll again soon);
+--        otherwise the score of the next deferred job, 0 if there is none.
+
+local function claim(queue, wake, now, ttl_ms, prefix, wanted, limit)
+  local ids, scores = {}, {}
+  local claimed = 0
+  -- Read the due jobs a page at a time: a worker with one free slot looks at a few entries, not at
+  -- the whole read limit (arq reads it all at every poll). Entries claimed by other workers are
+  -- skipped; `limit` bounds how many are looked at in all.
+  local page = math.max(2 * wanted, 16)
+  local read, more = 0, false
+  while claimed < wanted and read < limit do
+    local n = math.min(page, limit - read)
+    local due = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'WITHSCORES', 'LIMIT', read, n + 1)
+    more = #due > 2 * n  -- the extra entry: is anything due after this page?
+    local last = math.min(#due, 2 * n)
+    -- Which of the page's jobs are claimed already (arq keeps a claimed job in its queue until it
+    -- finishes: the running ones come first), in one call instead of a refused SET NX each.
+    local claim_keys = {}
+    for i = 1, last - 1, 2 do claim_keys[#claim_keys + 1] = prefix .. due[i] end
+    local held = #claim_keys > 0 and redis.call('MGET', unpack(claim_keys)) or {}
+    local i, k = 1, 1
+    while i < last and claimed < wanted do
+      if not held[k] then
+        -- arq's EXISTS then PSETEX, in one call (the script is atomic: what MGET saw holds).
+        redis.call('SET', claim_keys[k], '1', 'PX', ttl_ms)
+        claimed = claimed + 1
+        ids[claimed] = due[i]
+        scores[claimed] = due[i + 1]
+      end
+      i, k = i + 2, k + 1
+    end
+    if i < last then more = true end
+    read = read + n
+    if not more then break end
+  end
+  local reply = {0}
+  for i, picked in ipairs(pickup_all(ids, now)) do
+    reply[#reply + 1] = ids[i]
+    reply[#reply + 1] = scores[i]
+    reply[#reply + 1] = picked
+  end
+  if claimed == wanted then
+    if more then
+      -- More may be due than this worker takes: wake another idle worker to share them (unless a
+      -- token already waits: then no worker is idle, or one is about to wake).
+      reply[1] = -1
+      if redis.call('LLEN', wake) == 0 then engine_wake(queue) end
+    end
+    return reply
+  end
+  if more then
+    -- The read limit was all jobs claimed elsewhere, and more are due: poll again soon.
+    reply[1] = -2
+    return reply
+  end
+  -- Nothing more is claimable now: every token in the wake list announced a job that is claimed or
+  -- deferred (and this worker waits for the next deferred one itself), so they are all stale.
+  redis.call('DEL', wake)
+  local next_job = redis.call('ZRANGEBYSCORE', queue, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+  if next_job[2] then reply[1] = tonumber(next_job[2]) end
+  return reply
+end
