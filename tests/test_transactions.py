@@ -11,7 +11,7 @@ import dataclasses
 import gc
 import logging
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +47,10 @@ async def exec_calls(redis: Redis) -> int:
 
 def finisher_for(agent: Agent, redis: Redis, *, aborts: str = "", batch: bool = True) -> Finisher:
     script, store_args = agent.job_store.ending_in(FINISH_BATCH)
-    return Finisher(lambda: redis, script, store_args, queue=agent.engine.names.queue, abort_set=aborts, batch=batch)
+    names = agent.engine.names
+    return Finisher(
+        lambda: redis, script, store_args, queue=names.queue, wake_key=names.wake_key, abort_set=aborts, batch=batch
+    )
 
 
 async def loaded(finisher: Finisher, redis: Redis) -> Finisher:
@@ -95,6 +98,138 @@ async def test_runs_that_end_together_are_finished_in_one_call_each_with_its_out
             assert await redis.exists(prefix + engine_id) == 0
     assert await redis.zcard(agent.engine.names.queue) == 0
     assert await redis.zcard(agent.keys.active_index) == 0 and await redis.zcard(agent.keys.leases) == 0
+
+
+class Claims:
+    """A FinishClaims that asks for a fixed number of jobs with every finish, and keeps the replies."""
+
+    def __init__(self, agent: Agent, wanted: int) -> None:
+        pickup = pickup_for(agent)
+        self.args = (10_000, "arq:in-progress:", 100, *pickup.args[:-1], "")
+        self.wanted = wanted
+        self.replies: list[tuple[Claimed, list[str]]] = []
+
+    def claim_for(self, runs: Sequence[str]) -> tuple[int, tuple[str | int, ...]]:
+        return self.wanted, self.args
+
+    def claimed(self, reply: Any, runs: Sequence[str]) -> None:
+        self.replies.append((parse_claim(reply), list(runs)))
+
+
+async def test_a_finish_claims_due_jobs_for_the_slots_its_runs_free(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """The finish of two runs claims (and picks up, and starts) two of the jobs due, in the same
+    call: the worker runs them in those runs' slots without a claim call of its own."""
+    engine_ids = await claimed_runs(agent, client, redis, 2)
+    waiting = [agent.engine.names.engine_job_id(await client.enqueue(Echo(text=str(i)))) for i in range(3)]
+    claims = Claims(agent, wanted=2)
+    script, store_args = agent.job_store.ending_in(FINISH_BATCH)
+    names = agent.engine.names
+    finisher = Finisher(lambda: redis, script, store_args, queue=names.queue, wake_key=names.wake_key, claims=claims)
+    await loaded(finisher, redis)
+    before = await calls(redis, "evalsha")
+    await asyncio.gather(*(finisher.finish(success(agent, e, i)) for i, e in enumerate(engine_ids)))
+    assert await calls(redis, "evalsha") - before == 1
+    [(claimed, runs)] = claims.replies
+    assert runs == engine_ids
+    taken = [job for job, _ in claimed.jobs]
+    assert len(taken) == 2 and set(taken) < set(waiting) and sorted(claimed.picked) == sorted(taken)
+    assert claimed.next_ms == -1  # one more is due: the batch is full
+    for engine_id in waiting:
+        state = await agent.job_store.get(names.job_id(engine_id) or "")
+        expected = JobStatus.STARTED if engine_id in taken else JobStatus.PENDING
+        assert state is not None and state.status is expected
+    for engine_id in engine_ids:
+        state = await agent.job_store.get(names.job_id(engine_id) or "")
+        assert state is not None and state.status is JobStatus.SUCCESS
+
+
+async def test_a_finish_that_wants_no_jobs_claims_none(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+    [engine_id] = await claimed_runs(agent, client, redis, 1)
+    waiting = await client.enqueue(Echo(text="w"))
+    claims = Claims(agent, wanted=0)
+    script, store_args = agent.job_store.ending_in(FINISH_BATCH)
+    names = agent.engine.names
+    finisher = Finisher(lambda: redis, script, store_args, queue=names.queue, wake_key=names.wake_key, claims=claims)
+    await finisher.finish(success(agent, engine_id, 0))
+    assert claims.replies == []
+    state = await agent.job_store.get(waiting)
+    assert state is not None and state.status is JobStatus.PENDING
+
+
+async def test_a_finish_that_finds_nothing_due_leaves_the_wake_tokens_for_idle_workers(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """A job queued for later drops a wake-up token, so an idle worker wakes and waits for its time.
+    A busy worker's finish that finds nothing due to claim must not take that token as stale (the
+    idle worker's own claim would, knowing it waits for the job itself): the token stays."""
+    [engine_id] = await claimed_runs(agent, client, redis, 1)
+    names = agent.engine.names
+    await redis.delete(names.wake_key)
+    await client.enqueue(Echo(text="later"), defer_s=30)
+    assert await redis.llen(names.wake_key) == 1
+    claims = Claims(agent, wanted=1)
+    script, store_args = agent.job_store.ending_in(FINISH_BATCH)
+    finisher = Finisher(lambda: redis, script, store_args, queue=names.queue, wake_key=names.wake_key, claims=claims)
+    await finisher.finish(success(agent, engine_id, 0))
+    [(claimed, _)] = claims.replies
+    assert claimed.jobs == []
+    assert await redis.llen(names.wake_key) == 1
+
+
+async def test_a_busy_worker_claims_with_its_finishes_and_runs_each_job_once(
+    private_redis: PrivateRedis, namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """60 jobs, 10 slots: after the first claim, the jobs are claimed by the finishes of the runs
+    before them (the worker says how many); each runs once, in order of its claim."""
+    settings = AgentSettings(
+        redis_url=private_redis.url, namespace=namespace, database_url=f"sqlite+aiosqlite:///{tmp_path}/a.db",
+    )
+    caplog.set_level(logging.INFO, logger="agent_async.engine.worker")
+    async with Agent(settings) as agent:
+        client = ClientAgent(agent)
+        job_ids = [await client.enqueue(Echo(text=str(i))) for i in range(60)]
+        await run_burst(agent)
+        states = await agent.job_store.get_many(job_ids)
+        runs = await agent.job_store.redis.hgetall(runs_key(namespace))
+    assert [s.status if s else None for s in states] == [JobStatus.SUCCESS] * 60
+    assert all(s is not None and s.attempts == 1 for s in states)
+    assert [int(runs.get(job_id.encode(), 0)) for job_id in job_ids] == [1] * 60
+    [record] = [r for r in caplog.records if r.msg.startswith("group commit")]
+    claimed_with_finishes = record.args[4]
+    assert claimed_with_finishes >= 30, record.getMessage()
+
+
+async def test_jobs_claimed_by_a_finish_as_the_worker_stops_are_handed_back(
+    agent: Agent, client: ClientAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stop lands between a finish's claim and the slots its jobs wait for: they go back to
+    PENDING (attempts as they were, claim released) instead of waiting STARTED for their lease to
+    run out, and the next worker runs them."""
+    job_ids = [await client.enqueue(Echo(text=str(i))) for i in range(6)]
+    real_claimed = FastWorker.claimed
+    handed: list[str] = []
+
+    def claimed_then_stop(self: FastWorker, reply: Any, runs: Sequence[str]) -> None:
+        jobs = [job for job, _ in parse_claim(reply).jobs]
+        if jobs and not handed:
+            handed.extend(jobs)
+            self.handle_sig(signal.SIGTERM)
+        real_claimed(self, reply, runs)
+
+    monkeypatch.setattr(FastWorker, "claimed", claimed_then_stop)
+    await agent.run_worker(burst=True, handle_signals=False, poll_delay=0, max_jobs=3)
+    monkeypatch.undo()
+    assert handed
+    states = {s.job_id: s for s in await agent.job_store.get_many(job_ids) if s is not None}
+    for engine_id in handed:
+        state = states[agent.engine.names.job_id(engine_id) or ""]
+        assert (state.status, state.attempts) == (JobStatus.PENDING, 0)
+    assert {s.status for s in states.values()} <= {JobStatus.SUCCESS, JobStatus.PENDING}
+    await run_burst(agent)
+    states_after = await agent.job_store.get_many(job_ids)
+    assert [(s.status, s.attempts) if s else None for s in states_after] == [(JobStatus.SUCCESS, 1)] * 6
 
 
 async def test_a_retry_is_queued_again_later_and_wakes_an_idle_worker(
@@ -226,11 +361,12 @@ async def test_a_backlog_drains_with_fewer_finish_calls_than_jobs_and_every_outc
     assert [s.result for s in states if s] == [{"echo": str(i), "sum": 0, "user": None} for i in range(30)]
     assert execs < 5, "none per job (the worker directory's entry is written and removed in its own)"
     [(finishes, calls, largest)] = [r.args[:3] for r in caplog.records if r.msg.startswith("group commit")]
-    assert finishes == 30
+    # (a run of a test schedule's cron can join them when the drain crosses its minute)
+    assert finishes >= 30
     if coalesce:
-        assert calls < 30 and largest > 1, (calls, largest)
+        assert calls < finishes and largest > 1, (finishes, calls, largest)
     else:
-        assert (calls, largest) == (30, 1)
+        assert (calls, largest) == (finishes, 1)
 
 
 async def test_group_commit_is_a_setting(settings: AgentSettings) -> None:

@@ -16,26 +16,28 @@ run's, and each is sent again by its caller.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
 from redis.asyncio import Redis
 
+from agent_async.engine.claim import CLAIM_LIB, PICKUP_LIB
 from agent_async.errors import AgentError
 from agent_async.lifecycle import now_ms
 from agent_async.store import LuaScript, Transition, codec, lua_source, run_script
 from agent_async.store.group_commit import GroupCommit, GroupStats
 
-__all__ = ["FINISH_BATCH", "MAX_BATCH", "FinishError", "Finisher", "RunEnd"]
+__all__ = ["FINISH_BATCH", "MAX_BATCH", "FinishClaims", "FinishError", "Finisher", "RunEnd"]
 
 # Runs per call at most: Redis serves no one else while a script runs, and ending a run costs it
 # some 20 µs: a call stays well under a millisecond.
 MAX_BATCH = 32
 
-# The script body (the store's lib.lua goes in front of it: JobStore.ending_in).
-FINISH_BATCH = lua_source(
+# The script body, with the pickup and the claim it calls (the store's lib.lua goes in front of it:
+# JobStore.ending_in).
+FINISH_BATCH = PICKUP_LIB + "\n" + CLAIM_LIB + "\n" + lua_source(
     "agent_async.engine", "finish_batch.lua",
     {"@IN_PROGRESS_PREFIX@": in_progress_key_prefix, "@RETRY_PREFIX@": retry_key_prefix,
      "@JOB_PREFIX@": job_key_prefix},
@@ -43,6 +45,20 @@ FINISH_BATCH = lua_source(
 
 # finish_batch.lua's "not queued again".
 _NOT_REQUEUED = -1
+
+
+class FinishClaims(Protocol):
+    """What a finish call claims for the slots its runs free (the fast worker, when busy)."""
+
+    def claim_for(self, runs: Sequence[str]) -> tuple[int, tuple[str | int, ...]]:
+        """How many due jobs to claim with the finish of these runs (engine job ids; 0: none), and
+        the claim's arguments after that count (finish_batch.lua's)."""
+        ...
+
+    def claimed(self, reply: Any, runs: Sequence[str]) -> None:
+        """The claim's reply (claim_lib.lua's): the jobs it took, to run in the slots these runs
+        free. Called before the runs are told their finish is written."""
+        ...
 
 
 class FinishError(AgentError):
@@ -74,17 +90,19 @@ class Finisher:
     `script` and `store_args` come from `JobStore.ending_in(FINISH_BATCH)`; `abort_set` is arq's
     abort set when the worker has arq's aborts on, else '' (nothing reads the set then, and our
     cancel never writes it: arq's ZREM of it is one call per run saved). `batch=False` sends each
-    run alone (AGENT_WORKER_COALESCE=false)."""
+    run alone (AGENT_WORKER_COALESCE=false). With `claims`, each call also claims due jobs for the
+    slots its runs free (the fast worker: FinishClaims)."""
 
     def __init__(
         self, pool: Callable[[], Redis], script: LuaScript, store_args: tuple[str | int, ...], *, queue: str,
-        abort_set: str = "", batch: bool = True,
+        wake_key: str, abort_set: str = "", batch: bool = True, claims: FinishClaims | None = None,
     ) -> None:
         # A getter: arq makes its pool when the worker starts (and again after a restart).
         self._pool = pool
         self.script = script
         self._store_args = store_args
-        self._keys = (queue, abort_set)
+        self._keys = (queue, abort_set, wake_key)
+        self._claims = claims
         self._group: GroupCommit[RunEnd, None] = GroupCommit(self._send, max_batch=MAX_BATCH, together=batch)
 
     @property
@@ -98,7 +116,12 @@ class Finisher:
 
     async def _send(self, ends: list[RunEnd]) -> list[BaseException | None]:
         runs = json.dumps([end.texts() for end in ends])
-        replies = await run_script(self._pool(), self.script(self._keys, (now_ms(), *self._store_args, runs)))
+        engine_ids = [end.engine_id for end in ends]
+        wanted, claim_args = self._claims.claim_for(engine_ids) if self._claims is not None else (0, ())
+        argv = (now_ms(), *self._store_args, runs, wanted, *claim_args)
+        replies, claimed = await run_script(self._pool(), self.script(self._keys, argv))
+        if claimed is not None and self._claims is not None:
+            self._claims.claimed(claimed, engine_ids)
         return [
             FinishError(f"finishing run {end.engine_id}: {codec.text(reply)}") if isinstance(reply, bytes) else None
             for end, reply in zip(ends, replies, strict=True)

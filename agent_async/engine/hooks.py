@@ -30,7 +30,7 @@ from arq.worker import Retry
 from redis.asyncio import Redis
 
 from agent_async.engine.claim import CLAIM_WITH_PICKUP, Pickup
-from agent_async.engine.finish import FINISH_BATCH, Finisher
+from agent_async.engine.finish import FINISH_BATCH, FinishClaims, Finisher
 from agent_async.engine.wire import EngineNames, dropped_from_result
 from agent_async.errors import AgentError
 from agent_async.lifecycle import JobStatus, Outcome, StartDecision, dropped_outcome, interrupted_outcome
@@ -248,10 +248,15 @@ class Hooks:
         transition = self._commits.pop(engine_id, None)
         return None if transition is None else self._store.call_for(transition)
 
-    def finisher(self, pool: Callable[[], Redis], *, queue: str, aborts: bool, batch: bool) -> Finisher:
+    def finisher(
+        self, pool: Callable[[], Redis], *, queue: str, aborts: bool, batch: bool, claims: FinishClaims | None = None
+    ) -> Finisher:
         """The fast worker's finishes of runs (engine/finish.py), this namespace's transitions in them."""
         script, store_args = self._store.ending_in(FINISH_BATCH)
-        return Finisher(pool, script, store_args, queue=queue, abort_set=abort_jobs_ss if aborts else "", batch=batch)
+        return Finisher(
+            pool, script, store_args, queue=queue, wake_key=self._names.wake_key,
+            abort_set=abort_jobs_ss if aborts else "", batch=batch, claims=claims,
+        )
 
     def dropped_call(self, engine_id: str, result_data: bytes | None) -> ScriptCall | None:
         """The end of a job arq dropped before running it, to send inside arq's failed finish."""

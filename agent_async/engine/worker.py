@@ -4,11 +4,12 @@ round trips per job."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextvars import ContextVar
 from typing import Any, cast
 
@@ -56,7 +57,9 @@ class FastWorker(StoppableWorker, DirectRun):
       in which arq has forgotten a job whose state is not terminal.
     - Jobs that arq drops before running them (no hook is called) are ended in that same finish.
     - The runs that end together are finished in one script call (engine/finish.py), with no
-      timer: each outcome with arq's finish of its job.
+      timer: each outcome with arq's finish of its job. That call also claims as many due jobs
+      as it ends runs, and each job it takes runs in the slot of a run that ended (no claim call
+      of its own while the worker is busy).
     It overrides arq internals (_poll_iteration, run_job, finish_job, finish_failed_job,
     _release_sem_dec_counter_on_complete, _sleep_until_tasks_complete, the pool property): arq is
     pinned to 0.28.*, and every worker test runs under both worker kinds.
@@ -67,10 +70,16 @@ class FastWorker(StoppableWorker, DirectRun):
         coalesce: bool = True, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        # The finishes of runs that end together go out in one script call (`coalesce`).
+        # The finishes of runs that end together go out in one script call (`coalesce`), which
+        # claims jobs for the slots they free (claim_for, claimed).
         self.finisher = hooks.finisher(
-            lambda: cast(ArqRedis, self._pool), queue=self.queue_name, aborts=self.allow_abort_jobs, batch=coalesce
+            lambda: cast(ArqRedis, self._pool), queue=self.queue_name, aborts=self.allow_abort_jobs, batch=coalesce,
+            claims=self,
         )
+        # Jobs a finish claimed, each waiting for the slot of a run that ended (_job_task_done).
+        self._slot_waiters: collections.deque[tuple[str, int]] = collections.deque()
+        self.claimed_with_finishes = 0
+        self._closing = False
         self._hooks = hooks
         self._names = names
         self.ctx[CTX_COMMIT_IN_FINISH] = True
@@ -137,13 +146,23 @@ class FastWorker(StoppableWorker, DirectRun):
         for job_id, score in claimed.jobs:
             await self.sem.acquire()  # never waits: at most `free` jobs were claimed
             self.job_counter += 1
-            task = self.loop.create_task(self.run_job(job_id, score))
-            task.add_done_callback(functools.partial(self._job_task_done, job_id, claimed.picked.get(job_id)))
-            self.tasks[job_id] = task
+            self._run_in_slot(job_id, score)
         return next_wait(claimed, slots_full=self.job_counter >= self.max_jobs)
 
+    def _run_in_slot(self, job_id: str, score: int) -> None:
+        """Run a claimed job in a slot already counted (its semaphore held) for it."""
+        task = self.loop.create_task(self.run_job(job_id, score))
+        task.add_done_callback(functools.partial(self._job_task_done, job_id, self._picked.get(job_id)))
+        self.tasks[job_id] = task
+
     def _job_task_done(self, job_id: str, picked: PickedUp | None, _: object) -> None:
-        self._release_sem_dec_counter_on_complete()
+        if self._slot_waiters and not self._taking_no_jobs:
+            # A job the finish of this run claimed takes its slot: no release, no claim call.
+            self._run_in_slot(*self._slot_waiters.popleft())
+        else:
+            self._release_sem_dec_counter_on_complete()
+            if self._taking_no_jobs:
+                self._hand_back_slot_waiters()
         # Only this task's own pickup: a retry of the same job may be claimed again (and its new
         # pickup stored) before this task's callbacks run.
         if picked is not None and self._picked.get(job_id) is picked:
@@ -151,6 +170,45 @@ class FastWorker(StoppableWorker, DirectRun):
             # it, nothing ran it. Undo that before arq closes its pool (_on_shutdown_after_hand_backs).
             del self._picked[job_id]
             self._hand_backs.add(self.loop.create_task(self._hand_back(job_id)))
+
+    # -- FinishClaims: the claim inside the finish of runs (engine/finish.py) --------------------
+
+    def claim_for(self, runs: Sequence[str]) -> tuple[int, tuple[str | int, ...]]:
+        """Claim, with the finish of these runs, as many jobs: their slots free as the runs end
+        (the loop claims any other free slot itself). None when the worker takes no more jobs, or
+        counts them in burst mode."""
+        if self._taking_no_jobs or (self.burst and self.max_burst_jobs >= 0):
+            return 0, ()
+        args = (int(self.in_progress_timeout_s * 1000), in_progress_key_prefix, self.queue_read_limit)
+        return len(runs), (*args, *self._pickup.args)
+
+    def claimed(self, reply: Any, runs: Sequence[str]) -> None:
+        """The jobs a finish claimed: each runs in the slot of one of its runs as that run's task
+        ends (called before those runs are told their finish is written, so none ends first).
+        A run whose task is already over (cancelled by a stop meanwhile) frees no slot to wait
+        for: a job claimed for it is handed back."""
+        claimed = parse_claim(reply)
+        self._picked.update(claimed.picked)
+        ending = sum(1 for run in runs if (task := self.tasks.get(run)) is not None and not task.done())
+        keep = 0 if self._taking_no_jobs else ending
+        self._slot_waiters.extend(claimed.jobs[:keep])
+        self.claimed_with_finishes += min(keep, len(claimed.jobs))
+        for job_id, _ in claimed.jobs[keep:]:
+            self._give_back(job_id)
+
+    @property
+    def _taking_no_jobs(self) -> bool:
+        return self._closing or self.stopping.is_set() or not self.allow_pick_jobs
+
+    def _give_back(self, job_id: str) -> None:
+        """A claimed job nothing here will run: back to the queue, as it was (_hand_back)."""
+        self._picked.pop(job_id, None)
+        self._hand_backs.add(self.loop.create_task(self._hand_back(job_id)))
+
+    def _hand_back_slot_waiters(self) -> None:
+        """A stop came between a finish's claim and the slots its jobs waited for."""
+        while self._slot_waiters:
+            self._give_back(self._slot_waiters.popleft()[0])
 
     async def _hand_back(self, job_id: str) -> None:
         try:
@@ -226,6 +284,7 @@ class FastWorker(StoppableWorker, DirectRun):
         return self._max_block_s, False
 
     async def close(self) -> None:
+        self._closing = True
         if self._waker is not None:
             await self._waker.close()
             # Claims that ran behind a wait the stop cancelled: their jobs were started, and
@@ -234,10 +293,13 @@ class FastWorker(StoppableWorker, DirectRun):
                 for job_id, _ in parse_claim(reply).jobs:
                     self._hand_backs.add(self.loop.create_task(self._hand_back(job_id)))
             self._waker.salvaged.clear()
+        self._hand_back_slot_waiters()
         if self.finisher.stats.sends:
             stats = self.finisher.stats
-            logger.info("group commit: %d finishes in %d script calls (largest %d, longest wait %.1f ms)",
-                        stats.items, stats.sends, stats.largest, stats.longest_wait_ms)
+            logger.info(
+                "group commit: %d finishes in %d script calls (largest %d, longest wait %.1f ms); %d jobs claimed "
+                "with them", stats.items, stats.sends, stats.largest, stats.longest_wait_ms, self.claimed_with_finishes,
+            )
         await super().close()
 
     @property

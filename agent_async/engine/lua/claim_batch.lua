@@ -12,4 +12,4 @@ if ARGV[1] == 'now' then
   now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 pickup_setup(ARGV, 6)
-return claim(KEYS[1], KEYS[2], now, ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]))
+return claim(KEYS[1], KEYS[2], now, ARGV[2], ARGV[3], tonumber(ARGV[4]), tonumber(ARGV[5]), true)

@@ -2,15 +2,17 @@
 -- finish of runs, which claims jobs for the slots its runs free (finish_batch.lua). Loaded after
 -- queue.lua and pickup.lua (or no_pickup.lua).
 -- claim(queue, wake list, now ms, in-progress ttl ms, in-progress key prefix, jobs wanted, read
--- limit) claims up to `wanted` due jobs (arq's claim of each: not in progress, due, then marked in
--- progress; arq spends four round trips per job on it), picks them up (pickup_all), and tells the
--- worker how long it may wait when it found fewer.
+-- limit, idle) claims up to `wanted` due jobs (arq's claim of each: not in progress, due, then
+-- marked in progress; arq spends four round trips per job on it), picks them up (pickup_all), and,
+-- for a worker that will go idle if it found fewer (`idle`), drops the stale wake-up tokens and
+-- tells it how long it may wait. A claim for a busy worker's freed slots (the finish's) leaves the
+-- tokens alone: an idle worker may still need them, for a job due later.
 -- Reply: {next, engine id, score, pickup, engine id, score, pickup, ...} (pickup: pickup_all's,
 --        nil for a job arq picks up itself). next: -1 the batch is full and more due
 --        jobs may wait; -2 the read limit was all jobs claimed elsewhere (poll again soon);
 --        otherwise the score of the next deferred job, 0 if there is none.
 
-local function claim(queue, wake, now, ttl_ms, prefix, wanted, limit)
+local function claim(queue, wake, now, ttl_ms, prefix, wanted, limit, idle)
   local ids, scores = {}, {}
   local claimed = 0
   -- Read the due jobs a page at a time: a worker with one free slot looks at a few entries, not at
@@ -63,6 +65,7 @@ local function claim(queue, wake, now, ttl_ms, prefix, wanted, limit)
     reply[1] = -2
     return reply
   end
+  if not idle then return reply end
   -- Nothing more is claimable now: every token in the wake list announced a job that is claimed or
   -- deferred (and this worker waits for the next deferred one itself), so they are all stale.
   redis.call('DEL', wake)

@@ -4,16 +4,21 @@
 -- transition_job, when the run has an outcome to write), then arq's part: the claim dropped; for a
 -- job that is done, its tries, its record and its queue entry too; for a retry, its queue entry
 -- moved to the retry's time and an idle worker woken to wait for it. The writes the runs share
--- (index entries, counters, arq's keys) go out as one call per key. Loaded after the store's lib.lua.
--- KEYS: queue, arq's abort set ('' when aborts are off: nothing reads it then)
+-- (index entries, counters, arq's keys) go out as one call per key. Then, for a busy worker, the
+-- claim of as many due jobs as it ended runs (claim_lib.lua's claim): the slots they free are
+-- refilled without a claim call of their own. Loaded after the store's lib.lua, pickup.lua and
+-- claim_lib.lua.
+-- KEYS: queue, arq's abort set ('' when aborts are off: nothing reads it then), wake list
 -- ARGV: now ms, state key prefix, active index, leases, retention s, then a JSON list of runs:
 --       [engine id, job id ('' for no outcome), new status, result JSON, error, undo a start ('1'|''),
---        done (1|0), queued again: its score's increment ms (0: due now; -1: not queued again)]
--- Reply: per run, 1 (0 if its transition found the state already terminal or gone), or the text
+--        done (1|0), queued again: its score's increment ms (0: due now; -1: not queued again)],
+--       then jobs to claim (0: none) and, when some: in-progress ttl ms, in-progress key prefix,
+--       read limit, then the pickup's (pickup.lua's pickup_setup)
+-- Reply: {per run, 1 (0 if its transition found the state already terminal or gone), or the text
 --        of the Redis error its transition raised (arq's part of that run was done all the same,
---        as in a MULTI/EXEC: the reconciler settles the state).
+--        as in a MULTI/EXEC: the reconciler settles the state); the claim's reply, or nil}
 
-local queue, abort_set = KEYS[1], KEYS[2]
+local queue, abort_set, wake = KEYS[1], KEYS[2], KEYS[3]
 local now, state_prefix, active, leases, retention_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local replies, dels, done, requeued = {}, {}, {}, false
 batch_begin()
@@ -44,4 +49,9 @@ if #done > 0 then
   if abort_set ~= '' then variadic('ZREM', abort_set, done) end
 end
 if requeued then engine_wake(queue) end
-return replies
+local wanted, claimed = tonumber(ARGV[7]), false
+if wanted > 0 then
+  pickup_setup(ARGV, 11)
+  claimed = claim(queue, wake, tonumber(now), ARGV[8], ARGV[9], wanted, tonumber(ARGV[10]), false)
+end
+return {replies, claimed}
