@@ -155,7 +155,12 @@ class FastWorker(StoppableWorker, DirectRun):
         task.add_done_callback(functools.partial(self._job_task_done, job_id, self._picked.get(job_id)))
         self.tasks[job_id] = task
 
-    def _job_task_done(self, job_id: str, picked: PickedUp | None, _: object) -> None:
+    def _job_task_done(self, job_id: str, picked: PickedUp | None, task: asyncio.Task[None]) -> None:
+        if self.tasks.get(job_id) is task and not task.cancelled() and task.exception() is None:
+            # Gone at once: a busy worker whose slots pass from run to run (below) wakes its loop,
+            # which clears arq's task table, only every few seconds. A task that failed or was
+            # cancelled stays for the loop, which lets its error end it, as arq's does.
+            del self.tasks[job_id]
         if self._slot_waiters and not self._taking_no_jobs:
             # A job the finish of this run claimed takes its slot: no release, no claim call.
             self._run_in_slot(*self._slot_waiters.popleft())
