@@ -34,7 +34,7 @@ _ARQ_RETRY_TTL_S = 88400
 # its own library in front (JobStore.starting_in), since the pickup starts the job too.
 PICKUP_LIB = lua_source(
     "agent_async.engine", "pickup.lua",
-    {"@JOB_PREFIX@": job_key_prefix, "@RETRY_PREFIX@": retry_key_prefix, "@RETRY_TTL_S@": str(_ARQ_RETRY_TTL_S)},
+    {"@RETRY_PREFIX@": retry_key_prefix, "@RETRY_TTL_S@": str(_ARQ_RETRY_TTL_S)},
 )
 CLAIM_WITH_PICKUP = PICKUP_LIB + "\n" + _CLAIM_BODY
 _CLAIM_BATCH = LuaScript(

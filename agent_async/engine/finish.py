@@ -7,6 +7,8 @@ same transaction, never one without the other. The fast worker used to put the o
 front of arq's commands, one MULTI/EXEC per run (or per group of runs, each with its own EVALSHA).
 Here the runs that end close together go out as one call of one script: per run, what differs (its
 state hash, its event, its record); shared, one call per key (index entries, counters, arq's keys).
+The same call claims due jobs for the slots its runs free (FinishClaims: the fast worker, busy), so
+a busy worker refills its slots without claim calls of their own.
 
 The runs go out by group commit (store/group_commit.py, no timer), at most MAX_BATCH per call.
 Each run's reply (and error) is its own; a failure of the whole send (Redis unreachable) is every
@@ -20,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from arq.constants import in_progress_key_prefix, job_key_prefix, retry_key_prefix
+from arq.constants import in_progress_key_prefix, retry_key_prefix
 from redis.asyncio import Redis
 
 from agent_async.engine.claim import CLAIM_LIB, PICKUP_LIB
@@ -39,8 +41,7 @@ MAX_BATCH = 32
 # JobStore.ending_in).
 FINISH_BATCH = PICKUP_LIB + "\n" + CLAIM_LIB + "\n" + lua_source(
     "agent_async.engine", "finish_batch.lua",
-    {"@IN_PROGRESS_PREFIX@": in_progress_key_prefix, "@RETRY_PREFIX@": retry_key_prefix,
-     "@JOB_PREFIX@": job_key_prefix},
+    {"@IN_PROGRESS_PREFIX@": in_progress_key_prefix, "@RETRY_PREFIX@": retry_key_prefix},
 )
 
 # finish_batch.lua's "not queued again".

@@ -34,7 +34,7 @@ for i, run in ipairs(cjson.decode(ARGV[6])) do
   dels[#dels + 1] = '@IN_PROGRESS_PREFIX@' .. engine_id
   if run[7] == 1 then
     dels[#dels + 1] = '@RETRY_PREFIX@' .. engine_id
-    dels[#dels + 1] = '@JOB_PREFIX@' .. engine_id
+    dels[#dels + 1] = engine_job_key(engine_id)
     done[#done + 1] = engine_id
   elseif run[8] >= 0 then
     -- Queued again (a retry): due now, or later by its increment; an idle worker wakes for it.

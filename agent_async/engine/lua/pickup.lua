@@ -41,7 +41,7 @@ local function pickup_all(engine_ids, now)
     out[i] = false
     if string.sub(engine_id, 1, #P_ENGINE) == P_ENGINE and string.sub(engine_id, #P_ENGINE + 1, #P_ENGINE + 5) ~= 'cron:' then
       mine[#mine + 1] = i
-      job_keys[#job_keys + 1] = '@JOB_PREFIX@' .. engine_id
+      job_keys[#job_keys + 1] = engine_job_key(engine_id)
     end
   end
   if #mine == 0 then return out end
