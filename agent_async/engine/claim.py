@@ -15,8 +15,8 @@ from agent_async.lifecycle import now_ms
 from agent_async.store import LuaScript, ScriptCall, lua_source
 
 __all__ = [
-    "CLAIM_WITH_PICKUP", "ENGINE_LUA", "SERVER_NOW", "Claimed", "PickedUp", "Pickup", "claim_call", "next_wait",
-    "parse_claim",
+    "CLAIM_LIB", "CLAIM_WITH_PICKUP", "ENGINE_LUA", "PICKUP_LIB", "SERVER_NOW", "Claimed", "PickedUp", "Pickup",
+    "claim_call", "claim_in_finish", "next_wait", "parse_claim",
 ]
 
 # The engine's Lua library (queue.lua), its constants filled in from wire.py.
@@ -92,6 +92,12 @@ def claim_call(
     if pickup is None:
         return _CLAIM_BATCH([queue, wake_key], args)
     return pickup.script([queue, wake_key], [*args, *pickup.args])
+
+
+def claim_in_finish(wanted: int, *, ttl_ms: int, read_limit: int, pickup: Pickup) -> tuple[int, tuple[str | int, ...]]:
+    """The claim a finish call makes (finish_batch.lua's arguments after the runs): `wanted` jobs,
+    claimed and picked up as `claim_call` does (`pickup`'s arguments)."""
+    return wanted, (ttl_ms, in_progress_key_prefix, read_limit, *pickup.args)
 
 
 def parse_claim(reply: Sequence[Any]) -> Claimed:

@@ -237,7 +237,8 @@ class Hooks:
         before it began): the state goes back to PENDING, attempts as they were."""
         job_id = self._names.job_id(engine_id)
         if job_id is not None and not self._names.is_cron_tick(engine_id):
-            await self._store.run(self._store.transition_call(job_id, JobStatus.PENDING, undo_start=True))
+            undo = self._store.transition_of(job_id, JobStatus.PENDING, undo_start=True)
+            await self._store.run(self._store.call_for(undo))
 
     def take_commit(self, engine_id: str) -> Transition | None:
         """The outcome on_job_end left for the finish of this job's run."""
@@ -245,7 +246,7 @@ class Hooks:
 
     def commit_call(self, engine_id: str) -> ScriptCall | None:
         """The same, as a script call of its own (to put in front of arq's finish transaction)."""
-        transition = self._commits.pop(engine_id, None)
+        transition = self.take_commit(engine_id)
         return None if transition is None else self._store.call_for(transition)
 
     def finisher(
@@ -266,7 +267,9 @@ class Hooks:
         dropped = dropped_from_result(result_data)
         outcome = dropped_outcome(dropped.reason if dropped else None, canceled=bool(dropped and dropped.canceled))
         # The pickup transaction already marked it STARTED: undo that count.
-        return self._store.transition_call(job_id, outcome.status, error=outcome.error, undo_start=True)
+        return self._store.call_for(
+            self._store.transition_of(job_id, outcome.status, error=outcome.error, undo_start=True)
+        )
 
     async def send_alone(self, call: ScriptCall) -> None:
         """Send a call that could not ride arq's transaction (Redis lost our scripts)."""

@@ -17,7 +17,15 @@ from arq.connections import ArqRedis
 from arq.constants import in_progress_key_prefix
 from redis.exceptions import NoScriptError, RedisError
 
-from agent_async.engine.claim import SERVER_NOW, Claimed, PickedUp, claim_call, next_wait, parse_claim
+from agent_async.engine.claim import (
+    SERVER_NOW,
+    Claimed,
+    PickedUp,
+    claim_call,
+    claim_in_finish,
+    next_wait,
+    parse_claim,
+)
 from agent_async.engine.direct import DirectRun
 from agent_async.engine.finish import RunEnd
 from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_REPLY, Hooks
@@ -78,6 +86,8 @@ class FastWorker(StoppableWorker, DirectRun):
         )
         # Jobs a finish claimed, each waiting for the slot of a run that ended (_job_task_done).
         self._slot_waiters: collections.deque[tuple[str, int]] = collections.deque()
+        # arq's in-progress TTL, which a claim gives each job it takes.
+        self._claim_ttl_ms = int(self.in_progress_timeout_s * 1000)
         self.claimed_with_finishes = 0
         self._closing = False
         self._hooks = hooks
@@ -131,7 +141,7 @@ class FastWorker(StoppableWorker, DirectRun):
 
     def _claim_call(self, free: int, at: int | str | None = None) -> ScriptCall:
         return claim_call(
-            self.queue_name, self._names.wake_key, wanted=free, ttl_ms=int(self.in_progress_timeout_s * 1000),
+            self.queue_name, self._names.wake_key, wanted=free, ttl_ms=self._claim_ttl_ms,
             read_limit=self.queue_read_limit, at=at, pickup=self._pickup,
         )
 
@@ -173,8 +183,7 @@ class FastWorker(StoppableWorker, DirectRun):
         if picked is not None and self._picked.get(job_id) is picked:
             # Cancelled before run_job began (a stop right after the claim): the claim started
             # it, nothing ran it. Undo that before arq closes its pool (_on_shutdown_after_hand_backs).
-            del self._picked[job_id]
-            self._hand_backs.add(self.loop.create_task(self._hand_back(job_id)))
+            self._give_back(job_id)
 
     # -- FinishClaims: the claim inside the finish of runs (engine/finish.py) --------------------
 
@@ -184,14 +193,12 @@ class FastWorker(StoppableWorker, DirectRun):
         counts them in burst mode."""
         if self._taking_no_jobs or (self.burst and self.max_burst_jobs >= 0):
             return 0, ()
-        args = (int(self.in_progress_timeout_s * 1000), in_progress_key_prefix, self.queue_read_limit)
-        return len(runs), (*args, *self._pickup.args)
+        return claim_in_finish(len(runs), ttl_ms=self._claim_ttl_ms, read_limit=self.queue_read_limit,
+                               pickup=self._pickup)
 
     def claimed(self, reply: Any, runs: Sequence[str]) -> None:
-        """The jobs a finish claimed: each runs in the slot of one of its runs as that run's task
-        ends (called before those runs are told their finish is written, so none ends first).
-        A run whose task is already over (cancelled by a stop meanwhile) frees no slot to wait
-        for: a job claimed for it is handed back."""
+        """The jobs a finish claimed, each to run in the slot of a run as its task ends (called
+        before those runs learn their finish is written); one for a run already over goes back."""
         claimed = parse_claim(reply)
         self._picked.update(claimed.picked)
         ending = sum(1 for run in runs if (task := self.tasks.get(run)) is not None and not task.done())
@@ -296,7 +303,7 @@ class FastWorker(StoppableWorker, DirectRun):
             # nothing here will run them.
             for reply in self._waker.salvaged:
                 for job_id, _ in parse_claim(reply).jobs:
-                    self._hand_backs.add(self.loop.create_task(self._hand_back(job_id)))
+                    self._give_back(job_id)
             self._waker.salvaged.clear()
         self._hand_back_slot_waiters()
         if self.finisher.stats.sends:

@@ -189,25 +189,13 @@ class JobStore:
 
         Returns False when the state is missing or already terminal (never overwritten).
         """
-        call = self.transition_call(job_id, status, result=result, error=error)
+        call = self.call_for(self.transition_of(job_id, status, result=result, error=error))
         with _reachable(f"update job {job_id}"):
             return bool(await run_script(self.redis, call))
 
     async def run(self, call: ScriptCall) -> object:
-        """Send a call built earlier (see `transition_call`) on its own."""
+        """Send a call built earlier (see `call_for`) on its own."""
         return await run_script(self.redis, call)
-
-    def transition_call(
-        self,
-        job_id: str,
-        status: JobStatus,
-        *,
-        result: dict[str, object] | None = None,
-        error: str | None = None,
-        undo_start: bool = False,
-    ) -> ScriptCall:
-        """The same transition, built to be sent later (e.g. inside the engine's finish transaction)."""
-        return self.call_for(self.transition_of(job_id, status, result=result, error=error, undo_start=undo_start))
 
     @staticmethod
     def transition_of(
@@ -218,7 +206,8 @@ class JobStore:
         error: str | None = None,
         undo_start: bool = False,
     ) -> Transition:
-        """The transition `transition` makes, as a value (its result encoded now)."""
+        """The transition `transition` makes, as a value (its result encoded now), to be written
+        later: alone (`call_for`) or with the engine's finish of its run."""
         return Transition(job_id, status, "" if result is None else codec.dumps(result), error or "", undo_start)
 
     def call_for(self, transition: Transition) -> ScriptCall:

@@ -46,34 +46,34 @@ def state_to_hash(
     optional = {
         "user": state.user_uid,
         "schedule": state.schedule_name,
-        "error": state.error,
-        "result": None if state.result is None else codec.dumps(state.result),
-        "started_ms": None if state.started_ms is None else str(state.started_ms),
-        "finished_ms": None if state.finished_ms is None else str(state.finished_ms),
-        "retry_of": state.retry_of,
         OWNED_BLOBS_FIELD: codec.dumps(owned_blobs) if owned_blobs else None,
     }
     fields.update({k: v for k, v in optional.items() if v is not None})
+    fields.update(_outcome_fields(state))
     return fields
 
 
 def new_state_extras(state: JobState) -> list[str]:
     """The fields of a new state beyond those enqueue_job.lua writes itself (status PENDING,
     attempts 0 and the fields it takes as arguments), as field/value pairs: often none."""
-    extras: list[str] = []
+    extras = _outcome_fields(state)
     if state.status is not JobStatus.PENDING:
-        extras += ["status", state.status.value]
+        extras["status"] = state.status.value
     if state.attempts:
-        extras += ["attempts", str(state.attempts)]
-    for field, value in (("error", state.error), ("retry_of", state.retry_of)):
-        if value is not None:
-            extras += [field, value]
-    if state.result is not None:
-        extras += ["result", codec.dumps(state.result)]
-    for field, ms in (("started_ms", state.started_ms), ("finished_ms", state.finished_ms)):
-        if ms is not None:
-            extras += [field, str(ms)]
-    return extras
+        extras["attempts"] = str(state.attempts)
+    return [text for pair in extras.items() for text in pair]
+
+
+def _outcome_fields(state: JobState) -> dict[str, str]:
+    """The fields a state has once it ran (and a retry's origin): absent from most new states."""
+    fields = {
+        "error": state.error,
+        "result": None if state.result is None else codec.dumps(state.result),
+        "started_ms": None if state.started_ms is None else str(state.started_ms),
+        "finished_ms": None if state.finished_ms is None else str(state.finished_ms),
+        "retry_of": state.retry_of,
+    }
+    return {k: v for k, v in fields.items() if v is not None}
 
 
 def state_from_hash(raw: Mapping[bytes, bytes], job_id: str) -> JobState:

@@ -28,7 +28,7 @@ for i, run in ipairs(cjson.decode(ARGV[6])) do
   if job_id ~= '' then
     local ok, moved = pcall(transition_job, state_prefix .. job_id, active, leases, job_id, run[3], now,
                             retention_s, run[4], run[5], run[6] == '1')
-    if ok then reply = moved else reply = type(moved) == 'table' and (moved.err or 'error') or tostring(moved) end
+    reply = ok and moved or error_text(moved)
   end
   replies[i] = reply
   dels[#dels + 1] = '@IN_PROGRESS_PREFIX@' .. engine_id
@@ -43,7 +43,7 @@ for i, run in ipairs(cjson.decode(ARGV[6])) do
   end
 end
 batch_end()
-for first = 1, #dels, VARIADIC_MAX do redis.call('DEL', unpack(dels, first, math.min(#dels, first + VARIADIC_MAX - 1))) end
+variadic('DEL', nil, dels)
 if #done > 0 then
   variadic('ZREM', queue, done)
   if abort_set ~= '' then variadic('ZREM', abort_set, done) end

@@ -18,7 +18,7 @@ enqueue_begin({state_prefix = ARGV[3], active = ARGV[4], all_idx = ARGV[5], user
                cutoff = ARGV[11]})
 for i, job in ipairs(cjson.decode(ARGV[1])) do
   local ok, reply = pcall(enqueue_job, job)
-  if not ok then reply = type(reply) == 'table' and (reply.err or 'error') or tostring(reply) end
+  if not ok then reply = error_text(reply) end
   replies[i] = reply
   if stop and (not ok or reply < 0) then break end
 end

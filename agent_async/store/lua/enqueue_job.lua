@@ -11,7 +11,7 @@
 -- Reply: 1 queued, 0 gate full, -1 the id exists, -2 a key has the wrong type
 
 -- The call's shared writes: the keys known to be zsets, the enqueue counts by job name, the indexes
--- to prune, the wake-up tokens by queue.
+-- to prune (each tallied), the wake-up tokens.
 local Q = nil
 -- The call's constants: keys and prefixes of this namespace, and the index cutoff (ms).
 local C = nil
@@ -19,7 +19,7 @@ local C = nil
 local function enqueue_begin(constants)
   batch_begin()
   C = constants
-  Q = {zsets = {}, counts = {}, count_order = {}, prunes = {}, prune_order = {}, woken = {}}
+  Q = {zsets = {}, counts = {}, count_order = {}, prunes = {}, prune_order = {}, woken = 0}
 end
 
 -- One job's zset entries, all or none. A key's first write in the call goes at once, through
@@ -42,27 +42,6 @@ local function write_zsets(zsets)
   end
   for _, w in ipairs(written) do Q.zsets[w[1]] = true end
   return true
-end
-
-local function count_later(name, all_idx, prefix, cutoff)
-  local c = Q.counts[name]
-  if not c then
-    c = {by = 0, all_idx = all_idx, prefix = prefix, cutoff = cutoff}
-    Q.counts[name] = c
-    Q.count_order[#Q.count_order + 1] = name
-  end
-  c.by = c.by + 1
-end
-
-local function prune_later(index, prefix, cutoff)
-  if index == '' then return end
-  local p = Q.prunes[index]
-  if not p then
-    p = {by = 0, prefix = prefix, cutoff = cutoff}
-    Q.prunes[index] = p
-    Q.prune_order[#Q.prune_order + 1] = index
-  end
-  p.by = p.by + 1
 end
 
 local function enqueue_job(job)
@@ -108,28 +87,25 @@ local function enqueue_job(job)
   end
   if job[14] ~= '' then redis.call('HSET', C.owned, job_id, job[14]) end
   engine_store(C.queue, engine_key, engine_job_bytes(name, payload, job[2]), ttl_ms, false)
-  Q.woken[C.queue] = (Q.woken[C.queue] or 0) + 1
-  count_later(name, C.all_idx, C.state_prefix, C.cutoff)
-  prune_later(user_idx, C.state_prefix, C.cutoff)
-  prune_later(sched_idx, C.state_prefix, C.cutoff)
+  Q.woken = Q.woken + 1
+  tally(Q.counts, Q.count_order, name, 1)
+  if user_idx ~= '' then tally(Q.prunes, Q.prune_order, user_idx, 1) end
+  if sched_idx ~= '' then tally(Q.prunes, Q.prune_order, sched_idx, 1) end
   return 1
 end
 
 -- Sends what the call's jobs share, and ends it.
 local function enqueue_end()
-  local q = Q
+  local q, c = Q, C
   Q, C = nil, nil
   batch_end()
   -- Every job's index gains an entry with each enqueue: the count of enqueues paces its pruning.
   for _, name in ipairs(q.count_order) do
-    local c = q.counts[name]
-    prune(c.all_idx, c.prefix, c.cutoff, metric('enq|' .. name, c.by), c.by)
+    local by = q.counts[name]
+    prune(c.all_idx, c.state_prefix, c.cutoff, metric('enq|' .. name, by), by)
   end
   -- A user's (or schedule's) index is pruned with each of its enqueues: paced by the count of all
   -- enqueues of this name, a user who rarely enqueues would keep their expired entries for long.
-  for _, index in ipairs(q.prune_order) do
-    local p = q.prunes[index]
-    prune(index, p.prefix, p.cutoff, nil, p.by)
-  end
-  for queue, jobs in pairs(q.woken) do engine_wake(queue, jobs) end
+  for _, index in ipairs(q.prune_order) do prune(index, c.state_prefix, c.cutoff, nil, q.prunes[index]) end
+  if q.woken > 0 then engine_wake(c.queue, q.woken) end
 end

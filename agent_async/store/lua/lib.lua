@@ -22,7 +22,7 @@ local B = nil
 local VARIADIC_MAX = 1000  -- arguments per variadic call (Lua's unpack has a limit)
 
 local function batch_begin()
-  B = {zrem = {}, zadd = {}, incr = {}, incr_order = {}, ends = {}, ends_order = {}}
+  B = {zrem = {}, zadd = {}, incr = {}, incr_order = {}, ends = {}, ends_order = {}, end_args = {}}
 end
 
 local function later(t, key)
@@ -44,11 +44,28 @@ local function zrem_later(key, member)
   list[#list + 1] = member
 end
 
+-- One command over many arguments, VARIADIC_MAX at a time, after `key` (nil: none, as for DEL).
 -- VARIADIC_MAX is even: a ZADD's chunks keep whole score/member pairs.
 local function variadic(command, key, args)
   for first = 1, #args, VARIADIC_MAX do
-    redis.call(command, key, unpack(args, first, math.min(#args, first + VARIADIC_MAX - 1)))
+    local last = math.min(#args, first + VARIADIC_MAX - 1)
+    if key then redis.call(command, key, unpack(args, first, last)) else redis.call(command, unpack(args, first, last)) end
   end
+end
+
+-- A batch's running sum for `key` in `map`, `by` more; `order` keeps the keys as first seen.
+-- Returns the new sum.
+local function tally(map, order, key, by)
+  local sum = map[key]
+  if not sum then order[#order + 1] = key; sum = 0 end
+  sum = sum + by
+  map[key] = sum
+  return sum
+end
+
+-- The text of an error a pcall caught (a Redis error is a table with `err`).
+local function error_text(err)
+  return type(err) == 'table' and (err.err or 'error') or tostring(err)
 end
 
 -- Counters live in the namespace's metrics hash, written by the script that makes the transition:
@@ -58,9 +75,7 @@ end
 local function metric(field, by)
   if METRICS == '' then return nil end  -- metrics are off (AGENT_METRICS_ENABLED=false)
   if B then
-    local sum = B.incr[field]
-    if not sum then B.incr_order[#B.incr_order + 1] = field end
-    B.incr[field] = (sum or 0) + (by or 1)
+    tally(B.incr, B.incr_order, field, by or 1)
     return nil
   end
   return redis.call('HINCRBY', METRICS, field, by or 1)
@@ -111,15 +126,15 @@ local function may_resume(resume, attempts, max_try)
   return resume == '1' and tonumber(attempts or '0') < tonumber(max_try or '1')
 end
 
+-- How many of the counts 1..n start a run of PRUNE_EVERY (1, 1 + PRUNE_EVERY, ...).
+local function prune_turns(n) return math.floor((n + PRUNE_EVERY - 1) / PRUNE_EVERY) end
+
 -- Index entries older than the retention are checked (and dropped if their state expired) a few
 -- at a time, so indexes stay bounded without a full scan on any single call. An index written by
 -- every job is pruned on every PRUNE_EVERY-th write only, PRUNE_EVERY times as many at once
 -- (`count`, one the script already holds, says it is that write): the same bound, and one
 -- ZRANGEBYSCORE per PRUNE_EVERY jobs instead of one per job (each call in a script costs Redis
 -- a few microseconds, whatever it finds).
--- How many of the counts 1..n start a run of PRUNE_EVERY (1, 1 + PRUNE_EVERY, ...).
-local function prune_turns(n) return math.floor((n + PRUNE_EVERY - 1) / PRUNE_EVERY) end
-
 -- `by`: how many writes of the index this prune answers for (a batch counts several at once;
 -- default 1), `count` the paced count after them: the index is pruned for each run they started.
 local function prune(index, state_prefix, cutoff_ms, count, by)
@@ -239,8 +254,8 @@ local function batch_end()
   for key, scored in pairs(b.zadd) do variadic('ZADD', key, scored) end
   for _, field in ipairs(b.incr_order) do redis.call('HINCRBY', METRICS, field, b.incr[field]) end
   for _, kind in ipairs(b.ends_order) do
-    local e = b.ends[kind]
-    count_ends(e.active, e.name, e.status, e.by, e.now, e.retention_s, e.prefix)
+    local a = b.end_args[kind]
+    count_ends(a[1], a[2], a[3], b.ends[kind], a[4], a[5], a[6])
   end
 end
 
@@ -263,11 +278,8 @@ local function end_job(state, active, leases, job_id, status, now, retention_s, 
   local prefix = string.sub(state, 1, -#job_id - 1)
   if B then
     local kind = name .. '|' .. status
-    local e = B.ends[kind]
-    if e then e.by = e.by + 1 else
-      B.ends_order[#B.ends_order + 1] = kind
-      B.ends[kind] = {active = active, name = name, status = status, by = 1, now = now, retention_s = retention_s,
-                      prefix = prefix}
+    if tally(B.ends, B.ends_order, kind, 1) == 1 then
+      B.end_args[kind] = {active, name, status, now, retention_s, prefix}
     end
   else
     count_ends(active, name, status, 1, now, retention_s, prefix)
