@@ -63,7 +63,7 @@ class AgentSettings:
     # Off saves Redis about 3 stream writes per job; nothing else depends on the stream.
     events_enabled: bool = True
     # Count jobs, retries, durations... in the namespace's metrics hash, inside the transitions'
-    # own scripts (agent_async.metrics; 6 HINCRBY per job, no extra round trip).
+    # own scripts (agent_async.metrics; no extra round trip).
     metrics_enabled: bool = True
     # Packages scanned by init_jobs(): <root>/<module>/jobs/*.py. None by default: the application names its own.
     job_packages: tuple[str, ...] = ()

@@ -120,7 +120,8 @@ async def test_a_finish_claims_due_jobs_for_the_slots_its_runs_free(
     agent: Agent, client: ClientAgent, redis: Redis
 ) -> None:
     """The finish of two runs claims (and picks up, and starts) two of the jobs due, in the same
-    call: the worker runs them in those runs' slots without a claim call of its own."""
+    call: the worker runs them in those runs' slots without a claim call of its own. The ends and
+    the starts share one batch: their counters are read and written once."""
     engine_ids = await claimed_runs(agent, client, redis, 2)
     waiting = [agent.engine.names.engine_job_id(await client.enqueue(Echo(text=str(i)))) for i in range(3)]
     claims = Claims(agent, wanted=2)
@@ -129,8 +130,11 @@ async def test_a_finish_claims_due_jobs_for_the_slots_its_runs_free(
     finisher = Finisher(lambda: redis, script, store_args, queue=names.queue, wake_key=names.wake_key, claims=claims)
     await loaded(finisher, redis)
     before = await calls(redis, "evalsha")
+    hmgets, hsets = await calls(redis, "hmget"), await calls(redis, "hset")
     await asyncio.gather(*(finisher.finish(success(agent, e, i)) for i, e in enumerate(engine_ids)))
     assert await calls(redis, "evalsha") - before == 1
+    # One HMGET and one HSET per state moved (two ends, two starts), and one each for the counters.
+    assert (await calls(redis, "hmget") - hmgets, await calls(redis, "hset") - hsets) == (5, 5)
     [(claimed, runs)] = claims.replies
     assert runs == engine_ids
     taken = [job for job, _ in claimed.jobs]
@@ -143,6 +147,29 @@ async def test_a_finish_claims_due_jobs_for_the_slots_its_runs_free(
     for engine_id in engine_ids:
         state = await agent.job_store.get(names.job_id(engine_id) or "")
         assert state is not None and state.status is JobStatus.SUCCESS
+
+
+async def test_a_batchs_counters_are_added_in_one_read_and_one_write(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """The counters the finishes of a batch move (ends by job name and status, the run-time buckets
+    and sum) are read in one call and written in one, each added to what it held: not one HINCRBY
+    per field (the only one left is the hour's count of ends, whose new value the script reads)."""
+    engine_ids = await claimed_runs(agent, client, redis, 4)
+    state = await agent.job_store.get(agent.engine.names.job_id(engine_ids[0]) or "")
+    assert state is not None
+    ended, durations = f"fin|{state.name}|SUCCESS", f"dur_b|{state.name}|"
+    await redis.hset(agent.keys.metrics, ended, 7)
+    finisher = await loaded(finisher_for(agent, redis), redis)
+    before = {command: await calls(redis, command) for command in ("hincrby", "hmget", "hset")}
+    await asyncio.gather(*(finisher.finish(success(agent, e, i)) for i, e in enumerate(engine_ids)))
+    # One HMGET per run (its state) and one for the counters; one HSET per run and one for them.
+    assert {command: await calls(redis, command) - n for command, n in before.items()} == {
+        "hincrby": 1, "hmget": 5, "hset": 5,
+    }
+    counters = {k.decode(): int(v) for k, v in (await redis.hgetall(agent.keys.metrics)).items()}
+    assert counters[ended] == 7 + 4
+    assert sum(n for field, n in counters.items() if field.startswith(durations)) == 4
 
 
 async def test_a_finish_that_wants_no_jobs_claims_none(agent: Agent, client: ClientAgent, redis: Redis) -> None:

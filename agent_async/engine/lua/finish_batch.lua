@@ -21,6 +21,8 @@
 local queue, abort_set, wake = KEYS[1], KEYS[2], KEYS[3]
 local now, state_prefix, active, leases, retention_s = ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5]
 local replies, dels, done, requeued = {}, {}, {}, false
+-- One batch for the runs' ends and the starts of the jobs claimed for their slots: their index
+-- entries and counters go out together.
 batch_begin()
 for i, run in ipairs(cjson.decode(ARGV[6])) do
   local engine_id, job_id = run[1], run[2]
@@ -42,7 +44,6 @@ for i, run in ipairs(cjson.decode(ARGV[6])) do
     requeued = true
   end
 end
-batch_end()
 variadic('DEL', nil, dels)
 if #done > 0 then
   variadic('ZREM', queue, done)
@@ -54,4 +55,5 @@ if wanted > 0 then
   pickup_setup(ARGV, 11)
   claimed = claim(queue, wake, tonumber(now), ARGV[8], ARGV[9], wanted, tonumber(ARGV[10]), false)
 end
+batch_end()
 return {replies, claimed}

@@ -14,14 +14,17 @@ local BUCKETS_MS = {@BUCKETS_MS@}
 -- A script that moves many jobs at once (the fast worker's claim and its finishes) shares the
 -- writes its jobs make to the same keys: the index entries each start or end adds and drops,
 -- and the counters. Between batch_begin() and batch_end() they are collected, then sent as one
--- variadic call per key (one HINCRBY per counter field): each call in a script costs Redis a
+-- variadic call per key (the counters: add_counts): each call in a script costs Redis a
 -- microsecond or more whatever its work, and a batch of ten finishes made some sixty of them.
 -- Outside a batch every write goes at once. Removals go before additions at the end: a job ended
 -- and started again in one batch (a retry claimed at once) stays in the index.
-local B = nil
+-- A batch begun inside another (the claim a finish carries) joins it: the outer one sends.
+local B, B_DEPTH = nil, 0
 local VARIADIC_MAX = 1000  -- arguments per variadic call (Lua's unpack has a limit)
 
 local function batch_begin()
+  B_DEPTH = B_DEPTH + 1
+  if B_DEPTH > 1 then return end
   B = {zrem = {}, zadd = {}, incr = {}, incr_order = {}, ends = {}, ends_order = {}, end_args = {}}
 end
 
@@ -246,13 +249,29 @@ local function count_ends(active, name, status, by, now, retention_s, prefix)
   prune(idx_key(active, 'name:' .. name), prefix, cutoff, ended, by)
 end
 
+-- A batch's counters, `sums` by field. One field is one HINCRBY; more are read in one call and
+-- written in one (nothing moves them in between: the script is atomic) instead of a call per
+-- field, about five for a batch of finishes and the claim it carries.
+local function add_counts(fields, sums)
+  if #fields == 1 then redis.call('HINCRBY', METRICS, fields[1], sums[fields[1]]); return end
+  local now = redis.call('HMGET', METRICS, unpack(fields))
+  local args = {}
+  for i, field in ipairs(fields) do
+    args[#args + 1] = field
+    args[#args + 1] = string.format('%d', (tonumber(now[i]) or 0) + sums[field])
+  end
+  variadic('HSET', METRICS, args)
+end
+
 -- Sends what the batch collected (see batch_begin) and ends it.
 local function batch_end()
+  B_DEPTH = B_DEPTH - 1
+  if B_DEPTH > 0 then return end
   local b = B
   B = nil
   for key, members in pairs(b.zrem) do variadic('ZREM', key, members) end
   for key, scored in pairs(b.zadd) do variadic('ZADD', key, scored) end
-  for _, field in ipairs(b.incr_order) do redis.call('HINCRBY', METRICS, field, b.incr[field]) end
+  if #b.incr_order > 0 then add_counts(b.incr_order, b.incr) end
   for _, kind in ipairs(b.ends_order) do
     local a = b.end_args[kind]
     count_ends(a[1], a[2], a[3], b.ends[kind], a[4], a[5], a[6])
