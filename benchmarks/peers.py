@@ -2,16 +2,22 @@
 
 Usage: python benchmarks/peers.py [--quick] [--jobs N] [--reps R] [--samples S]
 
-Same job body everywhere: one Redis INCR (drain), or one RPUSH of the time it ran (start latency
-probe). Each queue runs one worker process, at 10 jobs at a time (SAQ concurrency, Taskiq
-max_async_tasks, Dramatiq worker threads, arq/agent max_jobs), against a fresh redis-server of
-this script's own per run, so INFO commandstats and Redis CPU count that queue only. Runs are
+Same job bodies everywhere: one Redis INCR (drain); a sleep of NAP_S then that INCR (the sleep
+variant: jobs that wait on I/O); one RPUSH of the time it ran (start latency probe). Each queue
+runs one worker process, at 10 jobs at a time (SAQ concurrency, Taskiq max_async_tasks, Dramatiq
+worker threads, arq/agent max_jobs), against a fresh redis-server of this script's own per run, so
+INFO commandstats and Redis CPU count that queue only. Runs are
 interleaved (queue order rotates each repetition) and medians printed. Per run:
 
 - enqueue_per_s: one producer queues N jobs (async clients 200 at a time with gather; Dramatiq's
   client is synchronous: one send after the other);
 - drain_per_s: the backlog, drained by a worker started after it, between the first and the last
   job seen done (the INCR counter read with GETRANGE, a command no queue uses);
+- drain_sleep_per_s: the sleep variant, N/5 jobs queued to the running worker at once, measured
+  the same way; at 10 jobs at a time its ceiling is 10 / NAP_S (1,000 jobs/s): what a queue
+  falls short of it is its own cost per job while its jobs wait. `bare_asyncio_sleep_per_s` is
+  the bare dependency's ceiling on this machine: 10 coroutines doing the same body in a loop, no
+  queue (asyncio's timers alone overshoot a 10 ms sleep);
 - redis_cmds_per_job, redis_cpu_us_per_job: enqueue plus drain, per job (Lua-internal calls
   counted; INFO and the counter reads left out);
 - worker_cpu_us_per_job: the worker process's CPU time over the drain window, per job;
@@ -20,7 +26,8 @@ interleaved (queue order rotates each repetition) and medians printed. Per run:
 
 Ratios compare agent-async's fast worker with the best of SAQ, Taskiq and Dramatiq:
 `drain_vs_best_peer` and `enqueue_vs_best_peer` (higher is better) and `start_p50_vs_best_peer`
-(its p50 over the lowest peer p50: lower is better). The last line printed is one JSON object.
+(its p50 over the lowest peer p50: lower is better), `drain_sleep_vs_best_peer`, and
+`drain_sleep_vs_bare_asyncio`. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
@@ -54,6 +61,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent_async import Agent, AgentSettings, ClientAgent, Job, JobRequest, agent_job
 
 COUNTER = "bench:count"
+# The sleep variant's wait: a job that waits 10 ms on I/O, 10 at a time, caps a worker at 1,000 jobs/s.
+NAP_S = 0.010
 PROBE = "bench:probe"
 CONCURRENCY = 10
 PEERS = ("saq", "taskiq", "dramatiq")
@@ -80,6 +89,11 @@ class Incr(JobRequest):
 
 
 @dataclass
+class Nap(JobRequest):
+    name: ClassVar[str] = "bench.nap"
+
+
+@dataclass
 class Probe(JobRequest):
     name: ClassVar[str] = "bench.probe"
 
@@ -89,6 +103,16 @@ class IncrJob(Job[Incr]):
     request_class = Incr
 
     async def process(self, request: Incr, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        await self.resources.redis.incr(COUNTER)
+        return {}
+
+
+@agent_job
+class NapJob(Job[Nap]):
+    request_class = Nap
+
+    async def process(self, request: Nap, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
+        await asyncio.sleep(NAP_S)
         await self.resources.redis.incr(COUNTER)
         return {}
 
@@ -119,6 +143,9 @@ class System:
     async def enqueue_incr(self, n: int) -> None:
         raise NotImplementedError
 
+    async def enqueue_nap(self, n: int) -> None:
+        raise NotImplementedError
+
     async def enqueue_probe(self) -> None:
         raise NotImplementedError
 
@@ -146,6 +173,9 @@ class AgentSystem(System):
 
     async def enqueue_incr(self, n: int) -> None:
         await gather_in_chunks(n, lambda: self.client.enqueue(Incr()))
+
+    async def enqueue_nap(self, n: int) -> None:
+        await gather_in_chunks(n, lambda: self.client.enqueue(Nap()))
 
     async def enqueue_many(self, n: int) -> None:
         for start in range(0, n, 500):
@@ -182,6 +212,9 @@ class SaqSystem(System):
     async def enqueue_incr(self, n: int) -> None:
         await gather_in_chunks(n, lambda: self.queue.enqueue("incr"))
 
+    async def enqueue_nap(self, n: int) -> None:
+        await gather_in_chunks(n, lambda: self.queue.enqueue("nap"))
+
     async def enqueue_probe(self) -> None:
         await self.queue.enqueue("probe")
 
@@ -193,11 +226,16 @@ class SaqSystem(System):
         async def incr(ctx: Any) -> None:
             await redis.incr(COUNTER)
 
+        async def nap(ctx: Any) -> None:
+            await asyncio.sleep(NAP_S)
+            await redis.incr(COUNTER)
+
         async def probe(ctx: Any) -> None:
             await redis.rpush(PROBE, repr(time.time()))
 
         queue = Queue.from_url(self.url)
-        worker = Worker(queue, functions=[("incr", incr), ("probe", probe)], concurrency=CONCURRENCY)
+        functions = [("incr", incr), ("nap", nap), ("probe", probe)]
+        worker = Worker(queue, functions=functions, concurrency=CONCURRENCY)
         await run_until_sigterm(worker.start(), worker.stop)
 
 
@@ -213,10 +251,15 @@ class TaskiqSystem(System):
         async def incr() -> None:
             await redis.incr(COUNTER)
 
+        async def nap() -> None:
+            await asyncio.sleep(NAP_S)
+            await redis.incr(COUNTER)
+
         async def probe() -> None:
             await redis.rpush(PROBE, repr(time.time()))
 
         self.incr = broker.register_task(incr, task_name="incr")
+        self.nap = broker.register_task(nap, task_name="nap")
         self.probe = broker.register_task(probe, task_name="probe")
         return broker
 
@@ -229,6 +272,9 @@ class TaskiqSystem(System):
 
     async def enqueue_incr(self, n: int) -> None:
         await gather_in_chunks(n, self.incr.kiq)
+
+    async def enqueue_nap(self, n: int) -> None:
+        await gather_in_chunks(n, self.nap.kiq)
 
     async def enqueue_probe(self) -> None:
         await self.probe.kiq()
@@ -260,10 +306,15 @@ class DramatiqSystem(System):
         def incr() -> None:
             client.incr(COUNTER)
 
+        def nap() -> None:
+            time.sleep(NAP_S)  # a worker thread's wait
+            client.incr(COUNTER)
+
         def probe() -> None:
             client.rpush(PROBE, repr(time.time()))
 
         self.incr = dramatiq.actor(incr, actor_name="incr", max_retries=0)
+        self.nap = dramatiq.actor(nap, actor_name="nap", max_retries=0)
         self.probe = dramatiq.actor(probe, actor_name="probe", max_retries=0)
         return broker
 
@@ -276,6 +327,10 @@ class DramatiqSystem(System):
     async def enqueue_incr(self, n: int) -> None:
         for _ in range(n):
             self.incr.send()
+
+    async def enqueue_nap(self, n: int) -> None:
+        for _ in range(n):
+            self.nap.send()
 
     async def enqueue_probe(self) -> None:
         self.probe.send()
@@ -441,6 +496,7 @@ async def one_run(name: str, args: argparse.Namespace, log: Path) -> dict[str, f
             await asyncio.sleep(2.0)
             idle_after = await snapshot(redis)
             figures["idle_cmds_per_s"] = (idle_after.commands - idle_before.commands) / (idle_after.at - idle_before.at)
+            figures["drain_sleep_per_s"] = await nap_rate(system, redis, max(200, n // 5))
             if isinstance(system, AgentSystem) and not system.stock:
                 await redis.delete(COUNTER)
                 t0 = time.perf_counter()
@@ -454,6 +510,50 @@ async def one_run(name: str, args: argparse.Namespace, log: Path) -> dict[str, f
         await redis.aclose()
         server.stop()
     return figures
+
+
+async def nap_rate(system: System, redis: Redis, n: int) -> float:
+    """Jobs/s of the sleep variant: n jobs queued to the running (idle) worker, between the first
+    and the last seen done."""
+    await redis.delete(COUNTER)
+    enqueue = asyncio.ensure_future(system.enqueue_nap(n))
+    deadline = time.monotonic() + 300
+    seen = 0
+    while seen == 0:
+        await asyncio.sleep(0.002)
+        seen = await counter(redis)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{system.name}: no sleep job ran")
+    first_at, first_seen = time.perf_counter(), seen
+    while seen < n:
+        await asyncio.sleep(0.002)
+        seen = await counter(redis)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{system.name}: {seen}/{n} sleep jobs ran in 300 s")
+    await enqueue
+    return (n - first_seen) / (time.perf_counter() - first_at)
+
+
+async def bare_asyncio_sleep_rate(n: int) -> float:
+    """The sleep variant's body run by 10 plain coroutines, each in a loop, on a fresh Redis."""
+    server = RedisServer()
+    redis = Redis.from_url(server.url)
+    left = n
+
+    async def slot() -> None:
+        nonlocal left
+        while left > 0:
+            left -= 1
+            await asyncio.sleep(NAP_S)
+            await redis.incr(COUNTER)
+
+    try:
+        started = time.perf_counter()
+        await asyncio.gather(*(slot() for _ in range(CONCURRENCY)))
+        return n / (time.perf_counter() - started)
+    finally:
+        await redis.aclose()
+        server.stop()
 
 
 async def start_latency(system: System, redis: Redis, samples: int) -> dict[str, float]:
@@ -491,9 +591,12 @@ async def main(args: argparse.Namespace) -> None:
     skipped = {name: why for name in QUEUES if (why := available(name))}
     queues = [name for name in QUEUES if name not in skipped]
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in queues}
+    bare: list[float] = []
     log = Path(tempfile.gettempdir()) / f"peers-{uuid.uuid4().hex[:6]}.log"
     for rep in range(args.reps):
         order = queues[rep % len(queues):] + queues[:rep % len(queues)]
+        bare.append(await bare_asyncio_sleep_rate(max(200, args.jobs // 5)))
+        print(f"rep {rep + 1} bare asyncio sleep body: {bare[-1]:.1f} jobs/s", flush=True)
         for name in order:
             figures = await one_run(name, args, log)
             runs[name].append(figures)
@@ -507,9 +610,14 @@ async def main(args: argparse.Namespace) -> None:
             "drain_vs_best_peer": round(ours["drain_per_s"] / max(p["drain_per_s"] for p in peers), 3),
             "enqueue_vs_best_peer": round(ours["enqueue_per_s"] / max(p["enqueue_per_s"] for p in peers), 3),
             "start_p50_vs_best_peer": round(ours["start_p50_ms"] / min(p["start_p50_ms"] for p in peers), 3),
+            "drain_sleep_vs_best_peer": round(
+                ours["drain_sleep_per_s"] / max(p["drain_sleep_per_s"] for p in peers), 3
+            ),
+            "drain_sleep_vs_bare_asyncio": round(ours["drain_sleep_per_s"] / statistics.median(bare), 3),
         }
     print(json.dumps({"jobs": args.jobs, "reps": args.reps, "samples": args.samples, "concurrency": CONCURRENCY,
-                      "queues": medians, **ratios, "skipped": skipped}))
+                      "bare_asyncio_sleep_per_s": round(statistics.median(bare), 2), "queues": medians,
+                      **ratios, "skipped": skipped}))
 
 
 def worker(name: str, url: str) -> None:
