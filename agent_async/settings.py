@@ -90,6 +90,12 @@ class AgentSettings:
     # Group commit (fast worker only): the runs that end together are finished (each outcome with
     # arq's finish of its job) in one script call (agent_async.engine.finish). Off: one per run.
     worker_coalesce: bool = True
+    # With group commit: how long (ms) a finish call of a busy worker may wait for the runs still
+    # holding slots to end and join it. 0 (default): it goes as soon as no call is in flight. Calls
+    # of 10 runs instead of about 3 cost Redis a fifth fewer commands and CPU per job (more jobs/s
+    # from one Redis shared by many workers) and each worker some of its own rate; an outcome is
+    # written up to this much later.
+    worker_finish_linger_ms: float = 0.0
     # After start-up, a worker moves every object then alive out of Python's collector (gc.freeze):
     # full collections stop stalling its event loop. Off by default: it is process-wide, and an
     # object frozen then freed later is never reclaimed. For a process that only runs the worker.
@@ -123,6 +129,7 @@ class AgentSettings:
         "worker_push_wakeup": "AGENT_WORKER_PUSH_WAKEUP",
         "worker_max_block_s": "AGENT_WORKER_MAX_BLOCK_SECONDS",
         "worker_coalesce": "AGENT_WORKER_COALESCE",
+        "worker_finish_linger_ms": "AGENT_WORKER_FINISH_LINGER_MS",
         "worker_gc_freeze": "AGENT_WORKER_GC_FREEZE",
     }
 
@@ -155,6 +162,7 @@ class AgentSettings:
         self._check(isinstance(self.log_format, LogFormat), "log_format",
                     f"expected a LogFormat member ({_choices(LogFormat)})")
         self._check(0.01 <= self.worker_max_block_s <= 300, "worker_max_block_s", "must be between 0.01 and 300")
+        self._check(0 <= self.worker_finish_linger_ms <= 100, "worker_finish_linger_ms", "must be between 0 and 100")
 
     def _check(self, ok: bool, name: str, why: str) -> None:
         if not ok:

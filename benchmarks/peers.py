@@ -1,5 +1,8 @@
 """agent-async against its peers (SAQ, Taskiq, Dramatiq) and arq's CLI worker, in one run.
 
+The fast worker runs twice: with its defaults (`agent_async`, the one the ratios compare) and with
+AGENT_WORKER_FINISH_LINGER_MS=2 (`agent_async_linger`: fewer, bigger finish calls).
+
 Usage: python benchmarks/peers.py [--quick] [--jobs N] [--reps R] [--samples S]
 
 Same job bodies everywhere: one Redis INCR (drain); a sleep of NAP_S then that INCR (the sleep
@@ -66,7 +69,9 @@ NAP_S = 0.010
 PROBE = "bench:probe"
 CONCURRENCY = 10
 PEERS = ("saq", "taskiq", "dramatiq")
-QUEUES = ("agent_async", "agent_async_arq_cli", *PEERS)
+QUEUES = ("agent_async", "agent_async_linger", "agent_async_arq_cli", *PEERS)
+# agent_async_linger: the fast worker with AGENT_WORKER_FINISH_LINGER_MS (bigger finish calls).
+FINISH_LINGER_MS = 2.0
 NAMESPACE = "peers"
 # Commands the driver itself sends while it measures, not counted against the queue.
 _DRIVER_COMMANDS = frozenset({"info", "getrange"})
@@ -162,6 +167,7 @@ async def gather_in_chunks(n: int, make: Callable[[], Awaitable[Any]], chunk: in
 class AgentSystem(System):
     name = "agent_async"
     stock = False
+    linger_ms = 0.0
 
     async def open(self) -> None:
         self.agent = Agent(AgentSettings(redis_url=self.url, namespace=NAMESPACE))
@@ -185,11 +191,17 @@ class AgentSystem(System):
         await self.client.enqueue(Probe())
 
     async def serve(self) -> None:
-        agent = Agent(AgentSettings(redis_url=self.url, namespace=NAMESPACE, worker_max_jobs=CONCURRENCY))
+        agent = Agent(AgentSettings(redis_url=self.url, namespace=NAMESPACE, worker_max_jobs=CONCURRENCY,
+                                    worker_finish_linger_ms=self.linger_ms))
         try:
             await agent.run_worker(handle_signals=True, stock_worker=self.stock)
         finally:
             await agent.close()
+
+
+class AgentLingerSystem(AgentSystem):
+    name = "agent_async_linger"
+    linger_ms = FINISH_LINGER_MS
 
 
 class AgentCliSystem(AgentSystem):
@@ -349,7 +361,7 @@ class DramatiqSystem(System):
 
 
 SYSTEMS: dict[str, type[System]] = {
-    s.name: s for s in (AgentSystem, AgentCliSystem, SaqSystem, TaskiqSystem, DramatiqSystem)
+    s.name: s for s in (AgentSystem, AgentLingerSystem, AgentCliSystem, SaqSystem, TaskiqSystem, DramatiqSystem)
 }
 
 

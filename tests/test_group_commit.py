@@ -110,3 +110,51 @@ async def test_apart_each_item_goes_alone() -> None:
     group: GroupCommit[int, int] = GroupCommit(send, max_batch=10, together=False)
     assert await asyncio.gather(*(group.submit(i) for i in range(3))) == [0, 2, 4]
     assert send.sends == [[0], [1], [2]]
+
+
+async def test_a_lingering_send_waits_for_items_that_come_apart_and_goes_when_told() -> None:
+    """With a linger, items that come a few ms apart go out together; the send goes as soon as the
+    linger says nothing more is coming (here: after the fourth item), not at the end of its bound."""
+    send = Recorder()
+    expected = 4
+    group: GroupCommit[int, int] = GroupCommit(
+        send, max_batch=10, linger=lambda waiting: 5.0 if waiting < expected else 0.0
+    )
+    started = asyncio.get_running_loop().time()
+    tasks = []
+    for i in range(expected):
+        tasks.append(asyncio.create_task(group.submit(i)))
+        await asyncio.sleep(0.01)
+    assert await asyncio.gather(*tasks) == [0, 2, 4, 6]
+    assert send.sends == [[0, 1, 2, 3]]
+    assert asyncio.get_running_loop().time() - started < 1.0
+
+
+async def test_a_lingering_send_goes_at_its_bound_with_what_came() -> None:
+    """The linger bounds the wait of the oldest item: past it the send goes with what it has, and
+    items after it go in the next send."""
+    send = Recorder()
+    group: GroupCommit[int, int] = GroupCommit(send, max_batch=10, linger=lambda waiting: 0.05)
+    started = asyncio.get_running_loop().time()
+    first = asyncio.create_task(group.submit(0))
+    assert await first == 0
+    waited_s = asyncio.get_running_loop().time() - started
+    assert 0.05 <= waited_s < 1.0
+    assert send.sends == [[0]]
+    assert await asyncio.gather(group.submit(1), group.submit(2)) == [2, 4]
+    assert send.sends == [[0], [1, 2]]
+
+
+async def test_a_lingering_send_stops_waiting_when_the_batch_is_full() -> None:
+    """Items that come apart wait for each other, and the send goes once it holds max_batch of
+    them, long before its 5 s bound."""
+    send = Recorder()
+    group: GroupCommit[int, int] = GroupCommit(send, max_batch=3, linger=lambda waiting: 5.0)
+    started = asyncio.get_running_loop().time()
+    tasks = []
+    for i in range(3):
+        tasks.append(asyncio.create_task(group.submit(i)))
+        await asyncio.sleep(0.01)
+    assert await asyncio.gather(*tasks) == [0, 2, 4]
+    assert send.sends == [[0, 1, 2]]
+    assert asyncio.get_running_loop().time() - started < 1.0

@@ -20,7 +20,7 @@ from arq.connections import ArqRedis
 from arq.constants import abort_jobs_ss
 from redis.asyncio import Redis
 
-from agent_async import Agent, AgentSettings, ClientAgent, JobStatus
+from agent_async import Agent, AgentSettings, ClientAgent, ConfigurationError, JobStatus
 from agent_async.engine.claim import CLAIM_WITH_PICKUP, SERVER_NOW, Claimed, Pickup, claim_call, parse_claim
 from agent_async.engine.finish import FINISH_BATCH, Finisher, FinishError, RunEnd
 from agent_async.engine.wakeup import Waker
@@ -30,6 +30,7 @@ from agent_async.registry import JobRegistry
 from agent_async.store import run_script
 from tests.conftest import run_burst
 from tests.faults.conftest import PrivateRedis
+from tests.faults.svc.jobs.sleep import Sleep
 from tests.jobs import Echo, Flaky, runs_key
 
 
@@ -375,6 +376,18 @@ async def test_the_finish_script_is_loaded_again_when_redis_lost_it(
     assert state is not None and state.status is JobStatus.SUCCESS
 
 
+def private_settings(
+    private_redis: PrivateRedis, namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture, **overrides: Any
+) -> AgentSettings:
+    """Settings on the test's own redis-server, with the worker's INFO lines (its group commit
+    figures at stop) captured."""
+    caplog.set_level(logging.INFO, logger="agent_async.engine.worker")
+    return AgentSettings(
+        redis_url=private_redis.url, namespace=namespace, database_url=f"sqlite+aiosqlite:///{tmp_path}/a.db",
+        **overrides,
+    )
+
+
 @pytest.mark.parametrize("coalesce", [True, False])
 async def test_a_backlog_drains_with_fewer_finish_calls_than_jobs_and_every_outcome_kept(
     private_redis: PrivateRedis, namespace: str, tmp_path: Path, coalesce: bool, caplog: pytest.LogCaptureFixture
@@ -382,12 +395,7 @@ async def test_a_backlog_drains_with_fewer_finish_calls_than_jobs_and_every_outc
     """30 jobs through the fast worker (10 slots): no MULTI/EXEC for any of them (the claim picked
     each job up, the finish script ends each run with arq's part), one finish call per run without
     group commit, fewer with it (the worker says so when it stops); the same outcomes either way."""
-    settings = AgentSettings(
-        redis_url=private_redis.url, namespace=namespace, database_url=f"sqlite+aiosqlite:///{tmp_path}/a.db",
-        worker_coalesce=coalesce,
-    )
-    caplog.set_level(logging.INFO, logger="agent_async.engine.worker")
-    async with Agent(settings) as agent:
+    async with Agent(private_settings(private_redis, namespace, tmp_path, caplog, worker_coalesce=coalesce)) as agent:
         client = ClientAgent(agent)
         job_ids = [await client.enqueue(Echo(text=str(i))) for i in range(30)]
         redis = agent.job_store.redis
@@ -407,11 +415,40 @@ async def test_a_backlog_drains_with_fewer_finish_calls_than_jobs_and_every_outc
         assert (calls, largest) == (finishes, 1)
 
 
+@pytest.mark.parametrize("linger_ms", [0.0, 100.0])
+async def test_a_finish_linger_gathers_runs_that_end_apart_into_one_call(
+    private_redis: PrivateRedis, namespace: str, tmp_path: Path, linger_ms: float, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ten runs in ten slots, ending 5 ms apart. Without a linger each finish goes as it comes (a
+    call takes less than 5 ms here); with AGENT_WORKER_FINISH_LINGER_MS they wait for each other
+    while runs still hold slots, and go as one call once the last has ended, well before the
+    bound. The outcomes are the same."""
+    settings = private_settings(private_redis, namespace, tmp_path, caplog, worker_finish_linger_ms=linger_ms)
+    async with Agent(settings) as agent:
+        client = ClientAgent(agent)
+        job_ids = [await client.enqueue(Sleep(duration_s=0.005 * i)) for i in range(10)]
+        await run_burst(agent)
+        states = [await agent.job_store.get(job_id) for job_id in job_ids]
+    assert [s.status if s else None for s in states] == [JobStatus.SUCCESS] * 10
+    assert [s.result for s in states if s] == [{"slept_s": 0.005 * i} for i in range(10)]
+    [(finishes, calls, largest)] = [r.args[:3] for r in caplog.records if r.msg.startswith("group commit")]
+    if linger_ms:
+        assert (finishes, calls, largest) == (10, 1, 10)
+        ended = [s.finished_ms for s in states if s]
+        assert len(set(ended)) == 1  # one call, one time for all
+    else:
+        assert finishes == 10 and calls >= 5, (finishes, calls, largest)
+
+
 async def test_group_commit_is_a_setting(settings: AgentSettings) -> None:
     assert settings.worker_coalesce is True
     off = AgentSettings.from_env({"AGENT_WORKER_COALESCE": "false"})
     assert off.worker_coalesce is False
     assert dataclasses.replace(settings, worker_coalesce=False).worker_coalesce is False
+    assert settings.worker_finish_linger_ms == 0
+    assert AgentSettings.from_env({"AGENT_WORKER_FINISH_LINGER_MS": "2.5"}).worker_finish_linger_ms == 2.5
+    with pytest.raises(ConfigurationError, match="AGENT_WORKER_FINISH_LINGER_MS"):
+        AgentSettings.from_env({"AGENT_WORKER_FINISH_LINGER_MS": "500"})
 
 
 def pickup_for(agent: Agent) -> Pickup:

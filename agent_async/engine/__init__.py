@@ -202,7 +202,8 @@ class Engine:
             return
         worker = FastWorker(
             hooks=hooks, names=self.names, push_wakeup=self._settings.worker_push_wakeup,
-            max_block_s=self._settings.worker_max_block_s, coalesce=self._settings.worker_coalesce, **kwargs,
+            max_block_s=self._settings.worker_max_block_s, coalesce=self._settings.worker_coalesce,
+            finish_linger_ms=self._settings.worker_finish_linger_ms, **kwargs,
         )
         try:
             await run_surviving_redis(worker, self._outage)

@@ -31,7 +31,7 @@ from agent_async.lifecycle import now_ms
 from agent_async.store import LuaScript, Transition, codec, lua_source, run_script
 from agent_async.store.group_commit import GroupCommit, GroupStats
 
-__all__ = ["FINISH_BATCH", "MAX_BATCH", "FinishClaims", "FinishError", "Finisher", "RunEnd"]
+__all__ = ["FINISH_BATCH", "MAX_BATCH", "FinishClaims", "FinishError", "Finisher", "RunEnd", "linger_while_running"]
 
 # Runs per call at most: Redis serves no one else while a script runs, and ending a run costs it
 # some 20 µs: a call stays well under a millisecond.
@@ -60,6 +60,19 @@ class FinishClaims(Protocol):
         """The claim's reply (claim_lib.lua's): the jobs it took, to run in the slots these runs
         free. Called before the runs are told their finish is written."""
         ...
+
+
+def linger_while_running(bound_ms: float, in_slots: Callable[[], int]) -> Callable[[int], float]:
+    """A busy worker's finishes wait for each other (AGENT_WORKER_FINISH_LINGER_MS): while more runs
+    hold slots (`in_slots()`, finishing or not) than finishes wait, the oldest waiting finish may
+    wait up to `bound_ms` for the others to join its call. Calls of 10 runs instead of about 3 cost
+    Redis a fifth fewer commands and CPU per job, and the worker some of its rate (docs/performance.md)."""
+    bound_s = bound_ms / 1000
+
+    def linger(waiting: int) -> float:
+        return bound_s if in_slots() > waiting else 0.0
+
+    return linger
 
 
 class FinishError(AgentError):
@@ -92,11 +105,13 @@ class Finisher:
     abort set when the worker has arq's aborts on, else '' (nothing reads the set then, and our
     cancel never writes it: arq's ZREM of it is one call per run saved). `batch=False` sends each
     run alone (AGENT_WORKER_COALESCE=false). With `claims`, each call also claims due jobs for the
-    slots its runs free (the fast worker: FinishClaims)."""
+    slots its runs free (the fast worker: FinishClaims); `linger` lets a call wait for more runs
+    (GroupCommit's, linger_while_running)."""
 
     def __init__(
         self, pool: Callable[[], Redis], script: LuaScript, store_args: tuple[str | int, ...], *, queue: str,
         wake_key: str, abort_set: str = "", batch: bool = True, claims: FinishClaims | None = None,
+        linger: Callable[[int], float] | None = None,
     ) -> None:
         # A getter: arq makes its pool when the worker starts (and again after a restart).
         self._pool = pool
@@ -104,7 +119,9 @@ class Finisher:
         self._store_args = store_args
         self._keys = (queue, abort_set, wake_key)
         self._claims = claims
-        self._group: GroupCommit[RunEnd, None] = GroupCommit(self._send, max_batch=MAX_BATCH, together=batch)
+        self._group: GroupCommit[RunEnd, None] = GroupCommit(
+            self._send, max_batch=MAX_BATCH, together=batch, linger=linger
+        )
 
     @property
     def stats(self) -> GroupStats:

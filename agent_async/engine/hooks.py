@@ -250,13 +250,14 @@ class Hooks:
         return None if transition is None else self._store.call_for(transition)
 
     def finisher(
-        self, pool: Callable[[], Redis], *, queue: str, aborts: bool, batch: bool, claims: FinishClaims | None = None
+        self, pool: Callable[[], Redis], *, queue: str, aborts: bool, batch: bool, claims: FinishClaims | None = None,
+        linger: Callable[[int], float] | None = None,
     ) -> Finisher:
         """The fast worker's finishes of runs (engine/finish.py), this namespace's transitions in them."""
         script, store_args = self._store.ending_in(FINISH_BATCH)
         return Finisher(
             pool, script, store_args, queue=queue, wake_key=self._names.wake_key,
-            abort_set=abort_jobs_ss if aborts else "", batch=batch, claims=claims,
+            abort_set=abort_jobs_ss if aborts else "", batch=batch, claims=claims, linger=linger,
         )
 
     def dropped_call(self, engine_id: str, result_data: bytes | None) -> ScriptCall | None:

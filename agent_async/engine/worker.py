@@ -27,7 +27,7 @@ from agent_async.engine.claim import (
     parse_claim,
 )
 from agent_async.engine.direct import DirectRun
-from agent_async.engine.finish import RunEnd
+from agent_async.engine.finish import RunEnd, linger_while_running
 from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_REPLY, Hooks
 from agent_async.engine.stoppable import StoppableWorker
 from agent_async.engine.transactions import PoolWithPickup, PoolWithScript
@@ -75,15 +75,14 @@ class FastWorker(StoppableWorker, DirectRun):
 
     def __init__(
         self, *, hooks: Hooks, names: EngineNames, push_wakeup: bool = True, max_block_s: float = 5.0,
-        coalesce: bool = True, **kwargs: Any,
+        coalesce: bool = True, finish_linger_ms: float = 0.0, **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        # The finishes of runs that end together go out in one script call (`coalesce`), which
-        # claims jobs for the slots they free (claim_for, claimed).
-        self.finisher = hooks.finisher(
-            lambda: cast(ArqRedis, self._pool), queue=self.queue_name, aborts=self.allow_abort_jobs, batch=coalesce,
-            claims=self,
-        )
+        # The finishes of runs that end together go out in one script call (`coalesce`; with a linger,
+        # waiting for each other), which claims jobs for the slots they free (claim_for, claimed).
+        linger = linger_while_running(finish_linger_ms, lambda: self.job_counter) if finish_linger_ms else None
+        self.finisher = hooks.finisher(lambda: cast(ArqRedis, self._pool), queue=self.queue_name,
+                                       aborts=self.allow_abort_jobs, batch=coalesce, claims=self, linger=linger)
         # Jobs a finish claimed, each waiting for the slot of a run that ended (_job_task_done).
         self._slot_waiters: collections.deque[tuple[str, int]] = collections.deque()
         # arq's in-progress TTL, which a claim gives each job it takes.

@@ -2,7 +2,9 @@
 
 As databases do for their log: an item goes out at the next turn of the event loop if no send is
 in flight, else as soon as the one in flight is answered, with every other that came meanwhile, at
-most `max_batch` per send. There is no timer: the wait it adds is at most the send ahead of it.
+most `max_batch` per send. There is no timer: the wait it adds is at most the send ahead of it,
+unless a `linger` lets a send wait a bounded time for more items (the fast worker's finishes, when
+AGENT_WORKER_FINISH_LINGER_MS is set: fewer, bigger calls).
 Each item's result (or error) is its own; a failure of the whole send is every item's. The store's
 enqueues (store/enqueue.py) and the fast worker's finishes (engine/finish.py) go out this way, one
 script call per send. No library does this for redis-py scripts, hence ours.
@@ -40,15 +42,20 @@ class _Waiting(Generic[T, R]):
 
 class GroupCommit(Generic[T, R]):
     """Items sent together by `send`, which answers each one in order: its result, or an exception
-    that is raised to its caller alone. `together=False` sends each item alone."""
+    that is raised to its caller alone. `together=False` sends each item alone. `linger(n)`, with n
+    items waiting, says how long after the oldest of them came a send may still wait for more (0:
+    send now); it is asked again as each item comes."""
 
     def __init__(
         self, send: Callable[[list[T]], Awaitable[Sequence[R | BaseException]]], *, max_batch: int,
-        together: bool = True,
+        together: bool = True, linger: Callable[[int], float] | None = None,
     ) -> None:
         self._send_items = send
         self._max_batch = max_batch
         self._together = together
+        self._linger = linger
+        # Set by each item that comes while a send lingers (_gather).
+        self._arrived: asyncio.Event | None = None
         self._waiting: list[_Waiting[T, R]] = []
         # Held so the task is not collected while it runs (the loop keeps only a weak reference).
         self._sender: asyncio.Task[None] | None = None
@@ -61,6 +68,8 @@ class GroupCommit(Generic[T, R]):
             await self._send([waiting])
         else:
             self._waiting.append(waiting)
+            if self._arrived is not None:
+                self._arrived.set()
             if self._sender is None:
                 # Started, not run: items that come in this same turn of the loop join it.
                 self._sender = asyncio.get_running_loop().create_task(self._send_waiting())
@@ -69,6 +78,8 @@ class GroupCommit(Generic[T, R]):
     async def _send_waiting(self) -> None:
         try:
             while self._waiting:
+                if self._linger is not None:
+                    await self._gather(self._linger)
                 batch = [w for w in self._waiting[:self._max_batch] if not w.reply.done()]
                 del self._waiting[:self._max_batch]
                 if batch:
@@ -78,6 +89,21 @@ class GroupCommit(Generic[T, R]):
             for waiting in self._waiting:  # only if this task was cancelled (the loop is closing)
                 waiting.reply.cancel()
             self._waiting.clear()
+
+    async def _gather(self, linger: Callable[[int], float]) -> None:
+        """Wait for more items while `linger` lets the oldest waiting one wait, and the batch is not full."""
+        loop = asyncio.get_running_loop()
+        while len(self._waiting) < self._max_batch:
+            left_s = self._waiting[0].at_s + linger(len(self._waiting)) - loop.time()
+            if left_s <= 0:
+                return
+            self._arrived = arrived = asyncio.Event()
+            try:
+                await asyncio.wait_for(arrived.wait(), left_s)
+            except TimeoutError:
+                return
+            finally:
+                self._arrived = None
 
     async def _send(self, batch: list[_Waiting[T, R]]) -> None:
         waited_ms = (asyncio.get_running_loop().time() - batch[0].at_s) * 1000
