@@ -10,7 +10,8 @@ state hash, its event, its record); shared, one call per key (index entries, cou
 The same call claims due jobs for the slots its runs free (FinishClaims: the fast worker, busy), so
 a busy worker refills its slots without claim calls of their own.
 
-The runs go out by group commit (store/group_commit.py, no timer), at most MAX_BATCH per call.
+The runs go out by group commit (store/group_commit.py; no timer unless AGENT_WORKER_FINISH_LINGER_MS
+lets a call wait for the runs still holding slots: linger_while_running), at most MAX_BATCH per call.
 Each run's reply (and error) is its own; a failure of the whole send (Redis unreachable) is every
 run's, and each is sent again by its caller.
 """
