@@ -353,6 +353,37 @@ async def test_failing_recovery_neither_stops_start_nor_the_loops(
     assert recovery.passes > recovery.failures
 
 
+async def test_the_sweeps_run_after_the_passes_this_worker_makes_only(agent: Agent, redis: Redis) -> None:
+    """The sweeps (owned blobs, pending finalizers) are namespace-wide chores, like the recovery
+    pass: a worker whose pass finds the recovery lock held by another skips them too; once the lock
+    is free its passes sweep again."""
+    sweeps = 0
+
+    async def sweep() -> int:
+        nonlocal sweeps
+        sweeps += 1
+        return 0
+
+    rt = WorkerRuntime(
+        agent.job_store, recovery=JobRecovery(agent.job_store, engine=agent.engine), lease_s=LEASE_S,
+        reconcile_interval_s=RECONCILE_S, sweeps=[sweep],
+    )
+    # Another worker's pass, held for the whole time this one runs a few of its own.
+    await redis.set(agent.keys.recovery_lock, "another worker", px=60_000)
+    try:
+        await rt.start()
+        await asyncio.sleep(RECONCILE_S * 4)
+        assert sweeps == 0
+        await redis.delete(agent.keys.recovery_lock)
+        await eventually(lambda: _at_least(lambda: sweeps, 2), what="sweeps after the worker's own passes")
+    finally:
+        await rt.stop()
+
+
+async def _at_least(count: Callable[[], int], n: int) -> bool:
+    return count() >= n
+
+
 # -- stop ------------------------------------------------------------------------------------------
 
 

@@ -46,7 +46,8 @@ class WorkerRuntime:
     ) -> None:
         self._store = store
         self._directory = directory
-        # Run after each recovery pass, on the same interval (OwnedBlobs.sweep, for one).
+        # Run after each recovery pass this worker makes, on the same interval (OwnedBlobs.sweep, for
+        # one): like the pass, by one worker of the namespace at a time.
         self._sweeps = list(sweeps)
         self._heartbeat_file = heartbeat_file
         self._outage = outage or RedisOutage()
@@ -149,7 +150,8 @@ class WorkerRuntime:
             logger.warning("cannot touch the heartbeat file %s: %s", self._heartbeat_file, exc)
 
     async def _reconcile(self) -> None:
-        await self.recovery.reconcile_orphans(lock_ttl_s=self._reconcile_interval_s)
+        if await self.recovery.reconcile_orphans(lock_ttl_s=self._reconcile_interval_s) is None:
+            return  # another worker holds the pass, and sweeps after it: each sweep is namespace-wide
         for sweep in self._sweeps:
             await sweep()
 
