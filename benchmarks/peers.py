@@ -462,6 +462,18 @@ async def counter(redis: Redis) -> int:
     return int(raw) if raw else 0
 
 
+async def count_reaches(
+    redis: Redis, n: int, deadline: float, failure: str, *, alive: Callable[[], bool] = lambda: True
+) -> int:
+    """Poll the jobs' counter every 2 ms until it reaches n, and return it; RuntimeError(failure)
+    past the deadline (time.monotonic) or once the worker is not `alive`."""
+    while (seen := await counter(redis)) < n:
+        if time.monotonic() > deadline or not alive():
+            raise RuntimeError(failure)
+        await asyncio.sleep(0.002)
+    return seen
+
+
 async def one_run(name: str, args: argparse.Namespace, log: Path) -> dict[str, float]:
     server = RedisServer()
     redis = Redis.from_url(server.url)
@@ -479,20 +491,11 @@ async def one_run(name: str, args: argparse.Namespace, log: Path) -> dict[str, f
         proc = spawn(name, server.url, log)
         try:
             ps = psutil.Process(proc.pid)
-            seen = 0
             deadline = time.monotonic() + 300
-            while seen == 0:
-                seen = await counter(redis)
-                await asyncio.sleep(0.002)
-                if time.monotonic() > deadline or proc.poll() is not None:
-                    raise RuntimeError(f"{name}: no job ran (see {log})")
+            first_seen = await count_reaches(redis, 1, deadline, f"{name}: no job ran (see {log})",
+                                             alive=lambda: proc.poll() is None)
             first, first_cpu = await snapshot(redis), cpu_s(ps)
-            first_seen = seen
-            while seen < n:
-                await asyncio.sleep(0.002)
-                seen = await counter(redis)
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"{name}: {seen}/{n} jobs ran in 300 s")
+            await count_reaches(redis, n, deadline, f"{name}: not all {n} jobs ran in 300 s")
             last, last_cpu = await snapshot(redis), cpu_s(ps)
             drained = n - first_seen
             figures = {
@@ -532,18 +535,9 @@ async def nap_rate(system: System, redis: Redis, n: int) -> float:
     await redis.delete(COUNTER)
     enqueue = asyncio.ensure_future(system.enqueue_nap(n))
     deadline = time.monotonic() + 300
-    seen = 0
-    while seen == 0:
-        await asyncio.sleep(0.002)
-        seen = await counter(redis)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{system.name}: no sleep job ran")
-    first_at, first_seen = time.perf_counter(), seen
-    while seen < n:
-        await asyncio.sleep(0.002)
-        seen = await counter(redis)
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{system.name}: {seen}/{n} sleep jobs ran in 300 s")
+    first_seen = await count_reaches(redis, 1, deadline, f"{system.name}: no sleep job ran")
+    first_at = time.perf_counter()
+    await count_reaches(redis, n, deadline, f"{system.name}: not all {n} sleep jobs ran in 300 s")
     await enqueue
     return (n - first_seen) / (time.perf_counter() - first_at)
 
