@@ -73,3 +73,22 @@ async def test_deferred_jobs_are_left_and_the_next_one_is_named(redis: Redis, na
     for at in (None, SERVER_NOW):
         got = await claim(redis, names, 4, at=at)
         assert (got.jobs, got.next_ms) == ([], later_ms)
+
+
+async def test_an_idle_claim_reads_the_queue_once_past_jobs_claimed_elsewhere(redis: Redis, namespace: str) -> None:
+    """20 due jobs all run elsewhere, then a deferred one: the claim of an idle worker reads two
+    pages (16 entries, then the rest), and the second one, which runs into the deferred job, names
+    it: no separate query for the next deferred time."""
+    names = EngineNames(namespace)
+    await queue_jobs(redis, names, 20, at_ms=now_ms() - 1000, claimed_elsewhere=18)
+    later_ms = now_ms() + 60_000
+    await redis.zadd(names.queue, {f"{namespace}:later": later_ms, f"{namespace}:later-still": later_ms + 1})
+    stats = await redis.info("commandstats")
+    before = {k: int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_zrange")}
+    got = await claim(redis, names, 4)
+    stats = await redis.info("commandstats")
+    after = {k: int(v["calls"]) for k, v in stats.items() if k.startswith("cmdstat_zrange")}
+    assert [job for job, _ in got.jobs] == [f"{namespace}:job-018", f"{namespace}:job-019"]
+    assert got.next_ms == later_ms
+    reads = sum(after.values()) - sum(before.values())
+    assert reads == 2, after

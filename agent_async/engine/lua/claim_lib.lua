@@ -15,20 +15,26 @@
 local function claim(queue, wake, now, ttl_ms, prefix, wanted, limit, idle)
   local ids, scores = {}, {}
   local claimed = 0
-  -- Read the due jobs a page at a time: a worker with one free slot looks at a few entries, not at
-  -- the whole read limit (arq reads it all at every poll). Entries claimed by other workers are
-  -- skipped; `limit` bounds how many are looked at in all.
+  -- Read the queue a page at a time, by rank (lowest score first: the due jobs, then the deferred
+  -- ones): a worker with one free slot looks at a few entries, not at the whole read limit (arq
+  -- reads it all at every poll). Entries claimed by other workers are skipped; `limit` bounds how
+  -- many due ones are looked at in all. A page that runs into a deferred job also tells when the
+  -- next one is due, so an idle worker's claim reads the queue once, not twice.
   local page = math.max(2 * wanted, 16)
-  local read, more = 0, false
+  local read, more, next_ms = 0, false, 0
   while claimed < wanted and read < limit do
     local n = math.min(page, limit - read)
-    local due = redis.call('ZRANGEBYSCORE', queue, '-inf', now, 'WITHSCORES', 'LIMIT', read, n + 1)
-    more = #due > 2 * n  -- the extra entry: is anything due after this page?
-    local last = math.min(#due, 2 * n)
+    local entries = redis.call('ZRANGE', queue, read, read + n, 'WITHSCORES')  -- n + 1 entries
+    -- The due prefix of the page; the extra entry says whether anything is due after it.
+    local due = 0
+    while due < #entries and tonumber(entries[due + 2]) <= now do due = due + 2 end
+    if due < #entries then next_ms = tonumber(entries[due + 2]) end
+    more = due > 2 * n
+    local last = math.min(due, 2 * n)
     -- Which of the page's jobs are claimed already (arq keeps a claimed job in its queue until it
     -- finishes: the running ones come first), in one call instead of a refused SET NX each.
     local claim_keys = {}
-    for i = 1, last - 1, 2 do claim_keys[#claim_keys + 1] = prefix .. due[i] end
+    for i = 1, last - 1, 2 do claim_keys[#claim_keys + 1] = prefix .. entries[i] end
     local held = #claim_keys > 0 and redis.call('MGET', unpack(claim_keys)) or {}
     local i, k = 1, 1
     while i < last and claimed < wanted do
@@ -36,8 +42,8 @@ local function claim(queue, wake, now, ttl_ms, prefix, wanted, limit, idle)
         -- arq's EXISTS then PSETEX, in one call (the script is atomic: what MGET saw holds).
         redis.call('SET', claim_keys[k], '1', 'PX', ttl_ms)
         claimed = claimed + 1
-        ids[claimed] = due[i]
-        scores[claimed] = due[i + 1]
+        ids[claimed] = entries[i]
+        scores[claimed] = entries[i + 1]
       end
       i, k = i + 2, k + 1
     end
@@ -67,9 +73,9 @@ local function claim(queue, wake, now, ttl_ms, prefix, wanted, limit, idle)
   end
   if not idle then return reply end
   -- Nothing more is claimable now: every token in the wake list announced a job that is claimed or
-  -- deferred (and this worker waits for the next deferred one itself), so they are all stale.
+  -- deferred (and this worker waits for the next deferred one itself), so they are all stale. The
+  -- last page ran past the due jobs: its first deferred entry, if any, is the next one due.
   redis.call('DEL', wake)
-  local next_job = redis.call('ZRANGEBYSCORE', queue, '(' .. now, '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-  if next_job[2] then reply[1] = tonumber(next_job[2]) end
+  reply[1] = next_ms
   return reply
 end
