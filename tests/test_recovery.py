@@ -131,6 +131,16 @@ async def test_one_sweeper_at_a_time(agent: Agent, client: ClientAgent, redis: R
     assert not await redis.exists(agent.keys.recovery_lock), "released after the pass"
 
 
+async def test_a_held_pass_keeps_the_lock_until_it_expires(agent: Agent, redis: Redis) -> None:
+    """hold=True (the periodic passes): the lock stays for its TTL, so no other pass runs meanwhile."""
+    assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile_orphans(lock_ttl_s=0.5, hold=True) == 0
+    ttl_ms = await redis.pttl(agent.keys.recovery_lock)
+    assert 0 < ttl_ms <= 500
+    assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile_orphans() is None
+    await asyncio.sleep(ttl_ms / 1000 + 0.05)
+    assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile_orphans() == 0
+
+
 async def test_worker_start_up_recovers_orphans(agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """The sweep runs when a worker starts: a lost resumable job is run by the new worker."""
     job_id = await client.enqueue(Resumable())
@@ -186,8 +196,10 @@ async def test_claim_of_a_worker_lost_before_start_is_released(
     await redis.set(in_progress, b"1", px=claim_ttl_ms - agent.job_store.lease_ms - 1000)
     fresh = await client.enqueue(Resumable())
     await redis.set(agent.engine.ref(fresh).claim_key, b"1", px=claim_ttl_ms - 100)  # claimed just now
+    await redis.delete(agent.engine.names.wake_key)  # the enqueues' tokens, taken by idle workers
     assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0) == 1
     assert not await redis.exists(in_progress)
+    assert await redis.llen(agent.engine.names.wake_key) == 1, "an idle worker is woken for the released job"
     assert await redis.exists(agent.engine.ref(fresh).claim_key), "a fresh claim is left alone"
     await redis.delete(agent.engine.ref(fresh).claim_key)
     await drain()

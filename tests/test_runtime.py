@@ -319,12 +319,16 @@ class CountingRecovery(JobRecovery):
         self.passes = 0
         self.failures = failures
         self.error = error
+        self.made = 0  # passes that took the lock
 
-    async def reconcile_orphans(self, *, lock_ttl_s: float = 60.0) -> int | None:
+    async def reconcile_orphans(self, *, lock_ttl_s: float = 60.0, hold: bool = False) -> int | None:
         self.passes += 1
         if self.passes <= self.failures:
             raise self.error(f"pass {self.passes} failed")
-        return await super().reconcile_orphans(lock_ttl_s=lock_ttl_s)
+        settled = await super().reconcile_orphans(lock_ttl_s=lock_ttl_s, hold=hold)
+        if settled is not None:
+            self.made += 1
+        return settled
 
     async def passes_at_least(self, n: int) -> bool:
         return self.passes >= n
@@ -378,6 +382,49 @@ async def test_the_sweeps_run_after_the_passes_this_worker_makes_only(agent: Age
         await eventually(lambda: _at_least(lambda: sweeps, 2), what="sweeps after the worker's own passes")
     finally:
         await rt.stop()
+
+
+async def test_the_sweeps_run_after_every_third_pass(agent: Agent) -> None:
+    """The first pass a worker makes sweeps, then every third one: the sweeps' reads are not paid at
+    every pass."""
+    sweeps = 0
+
+    async def sweep() -> int:
+        nonlocal sweeps
+        sweeps += 1
+        return 0
+
+    recovery = CountingRecovery(agent)
+    rt = WorkerRuntime(
+        agent.job_store, recovery=recovery, lease_s=LEASE_S, reconcile_interval_s=RECONCILE_S, sweeps=[sweep],
+    )
+    try:
+        await rt.start()
+        await eventually(lambda: _at_least(lambda: recovery.made, 8), what="eight periodic passes")
+    finally:
+        await rt.stop()
+    periodic = recovery.made - 1  # the start-up pass does not sweep
+    assert periodic >= 7
+    assert sweeps == (periodic + 2) // 3, (periodic, sweeps)
+
+
+async def test_workers_of_a_namespace_make_one_periodic_pass_per_interval_between_them(agent: Agent) -> None:
+    """A periodic pass keeps the recovery lock for most of the interval: two workers together make
+    about one pass per interval, not one each."""
+    recoveries = [CountingRecovery(agent), CountingRecovery(agent)]
+    runtimes = [make_runtime(agent, recovery) for recovery in recoveries]
+    window_s = RECONCILE_S * 10
+    try:
+        for rt in runtimes:
+            await rt.start()
+            await asyncio.sleep(RECONCILE_S / 2)  # out of step: their passes would not collide
+        await asyncio.sleep(window_s)
+    finally:
+        for rt in runtimes:
+            await rt.stop()
+    made = sum(r.made for r in recoveries) - 2  # the start-up passes
+    # Each worker alone would make about 10 in the window (about 20 between them).
+    assert 5 <= made <= 14, made
 
 
 async def _at_least(count: Callable[[], int], n: int) -> bool:

@@ -42,8 +42,13 @@ class JobRecovery:
         self.page_size = page_size
         self._offset = 0
 
-    async def reconcile_orphans(self, *, lock_ttl_s: float = 60.0) -> int | None:
-        """One pass under the namespace's recovery lock (so one worker sweeps); None if held."""
+    async def reconcile_orphans(self, *, lock_ttl_s: float = 60.0, hold: bool = False) -> int | None:
+        """One pass under the namespace's recovery lock (so one worker sweeps); None if held.
+
+        `hold`: keep the lock until its TTL runs out instead of releasing it after the pass. The
+        periodic passes hold it for about their interval: the namespace then makes one pass per
+        interval, not one per worker, and an idle worker spends three Redis commands less on each.
+        """
         lock = self._store.keys.recovery_lock
         token = await self._store.acquire_lock(lock, ttl_s=lock_ttl_s)
         if token is None:
@@ -51,8 +56,9 @@ class JobRecovery:
         try:
             return await self.reconcile()
         finally:
-            # Released only by its owner: a pass that outlived the TTL must not free another's lock.
-            await self._store.release_lock(lock, token)
+            if not hold:
+                # Released only by its owner: a pass that outlived the TTL must not free another's lock.
+                await self._store.release_lock(lock, token)
 
     async def reconcile(self, *, idle_for_ms: int = _IDLE_GRACE_MS) -> int:
         """Settle the active jobs that no worker or queue holds. Returns how many were settled."""

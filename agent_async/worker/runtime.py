@@ -21,6 +21,14 @@ logger = logging.getLogger(__name__)
 _LISTEN_TIMEOUT_S = 1.0
 # Pause before retrying a background loop that hit an error (Redis down, typically).
 _ERROR_PAUSE_S = 1.0
+# A periodic recovery pass keeps the namespace's recovery lock for this share of the interval: a
+# worker's next pass (an interval after its last one ended) finds it free, another worker's in
+# between does not. The margin covers timers that fire a little early.
+_HOLD_SHARE = 0.9
+# The sweeps run after every this many passes a worker makes (the first one included): their
+# work (blobs of ended jobs, finalizers whose queueing failed) can wait a few intervals, and each
+# costs Redis a read whether there is anything to sweep or not.
+SWEEP_EVERY_PASSES = 3
 
 
 class WorkerRuntime:
@@ -29,7 +37,8 @@ class WorkerRuntime:
     - heartbeat: renews the leases of running jobs every third of the lease, and picks up cancel
       requests (the fallback for a missed pub/sub message);
     - cancel listener: a pub/sub subscription that stops a job within milliseconds of a cancel;
-    - recovery: JobRecovery at start-up, then every reconcile interval, under the recovery lock.
+    - recovery: JobRecovery at start-up, then every reconcile interval, under the recovery lock
+      (which a periodic pass keeps for most of the interval: one pass per interval per namespace).
     """
 
     def __init__(
@@ -43,12 +52,15 @@ class WorkerRuntime:
         heartbeat_file: Path | None = None,
         sweeps: Sequence[Callable[[], Awaitable[int]]] = (),
         directory: WorkerDirectory | None = None,
+        sweep_every_passes: int = SWEEP_EVERY_PASSES,
     ) -> None:
         self._store = store
         self._directory = directory
-        # Run after each recovery pass this worker makes, on the same interval (OwnedBlobs.sweep, for
-        # one): like the pass, by one worker of the namespace at a time.
+        # Run after the recovery passes this worker makes (OwnedBlobs.sweep, for one): like the
+        # pass, by one worker of the namespace at a time; after every `sweep_every_passes` of them.
         self._sweeps = list(sweeps)
+        self._sweep_every_passes = sweep_every_passes
+        self._passes = 0
         self._heartbeat_file = heartbeat_file
         self._outage = outage or RedisOutage()
         self.recovery = recovery
@@ -150,10 +162,13 @@ class WorkerRuntime:
             logger.warning("cannot touch the heartbeat file %s: %s", self._heartbeat_file, exc)
 
     async def _reconcile(self) -> None:
-        if await self.recovery.reconcile_orphans(lock_ttl_s=self._reconcile_interval_s) is None:
+        hold_s = self._reconcile_interval_s * _HOLD_SHARE
+        if await self.recovery.reconcile_orphans(lock_ttl_s=hold_s, hold=True) is None:
             return  # another worker holds the pass, and sweeps after it: each sweep is namespace-wide
-        for sweep in self._sweeps:
-            await sweep()
+        self._passes += 1
+        if (self._passes - 1) % self._sweep_every_passes == 0:
+            for sweep in self._sweeps:
+                await sweep()
 
     async def _listen_for_cancels(self) -> None:
         channel = self._store.keys.cancel_channel
