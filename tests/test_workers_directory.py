@@ -32,3 +32,23 @@ async def test_a_dead_worker_expires(agent: Agent, client: ClientAgent) -> None:
     assert info.worker_id == directory.worker_id and info.jobs_running == 2
     await asyncio.sleep(0.2)  # no heartbeat since: it died
     assert await client.workers() == []
+
+
+async def test_a_beat_is_three_plain_commands(agent: Agent, redis: object) -> None:
+    """Every idle worker beats every third of a lease: no MULTI/EXEC around its three writes."""
+    from redis.asyncio import Redis
+
+    assert isinstance(redis, Redis)
+    directory = WorkerDirectory(agent.job_store, ttl_ms=5_000)
+
+    async def calls() -> dict[str, int]:
+        stats = await redis.info("commandstats")
+        return {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+
+    before = await calls()
+    await directory.beat(0)
+    after = await calls()
+    names = ("multi", "exec", "set", "zadd", "zremrangebyscore")
+    grew = {name: after.get(name, 0) - before.get(name, 0) for name in names}
+    assert grew == {"multi": 0, "exec": 0, "set": 1, "zadd": 1, "zremrangebyscore": 1}
+    assert [info.worker_id for info in await ClientAgent(agent).workers()] == [directory.worker_id]

@@ -40,7 +40,9 @@ class WorkerDirectory:
         now = now_ms()
         info = WorkerInfo(self.worker_id, socket.gethostname(), os.getpid(), self._started_ms, jobs_running, now)
         k = self._jobs.keys
-        async with self._jobs.redis.pipeline(transaction=True) as pipe:
+        # Not a transaction (MULTI and EXEC are two more commands per beat of every idle worker):
+        # each write is whole on its own, and alive() reads only entries that have both.
+        async with self._jobs.redis.pipeline(transaction=False) as pipe:
             pipe.set(k.worker(self.worker_id), json.dumps(info.to_dict()), px=self._ttl_ms)
             pipe.zadd(k.workers, {self.worker_id: now + self._ttl_ms})
             pipe.zremrangebyscore(k.workers, "-inf", now)
