@@ -86,7 +86,7 @@ class AgentSettings:
     worker_push_wakeup: bool = True
     # Longest such block: the pause after which an idle worker looks at the queue anyway (a job
     # that arq itself gives back when its in-progress key expires signals nobody).
-    worker_max_block_s: float = 5.0
+    worker_max_block_s: float = 10.0
     # Group commit (fast worker only): the runs that end together are finished (each outcome with
     # arq's finish of its job) in one script call (agent_async.engine.finish). Off: one per run.
     worker_coalesce: bool = True

@@ -574,6 +574,8 @@ async def test_a_job_claimed_right_before_a_stop_is_handed_back_not_lost(
     await agent.run_worker(burst=True, handle_signals=False, poll_delay=0)
     state = await agent.job_store.get(job_id)
     assert state is not None and (state.status, state.attempts, state.started_ms) == (JobStatus.PENDING, 0, None)
+    # The claim found nothing more and dropped the enqueue's token; the hand-back wakes a worker.
+    assert await agent.job_store.redis.llen(agent.engine.names.wake_key) == 1  # type: ignore[misc]
     monkeypatch.undo()
     await run_burst(agent)
     state = await agent.job_store.get(job_id)

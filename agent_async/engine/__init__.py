@@ -58,7 +58,7 @@ _ARQ_TIMEOUT_MARGIN_S = 5.0
 # A cron tick only enqueues a run.
 _CRON_TICK_TIMEOUT_S = 60
 
-_RELEASE_CLAIM = LuaScript(lua_source("agent_async.engine", "release_claim.lua"))
+_RELEASE_CLAIM = LuaScript(ENGINE_LUA + "\n" + lua_source("agent_async.engine", "release_claim.lua"))
 
 
 def engine_queue(namespace: str) -> EngineQueue:
@@ -166,7 +166,7 @@ class Engine:
         Only while the state is still PENDING/RETRY: a job that started keeps its claim.
         """
         ref = self.names.ref(job_id)
-        call = _RELEASE_CLAIM([self._store.keys.state(job_id), ref.claim_key], [])
+        call = _RELEASE_CLAIM([self._store.keys.state(job_id), ref.claim_key, self.names.queue], [])
         return bool(await run_script(self._store.redis, call))
 
     # -- workers -----------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from redis.exceptions import ResponseError
 from agent_async.engine.wire import WAKE_CAP, WAKE_TTL_MS
 from agent_async.store import ScriptCall
 
-__all__ = ["Idle", "Wait", "Waker", "Woken", "queue_wake"]
+__all__ = ["Idle", "Wait", "Waker", "Woken", "queue_wake", "release_claim"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +61,15 @@ def queue_wake(pipe: Pipeline, wake_key: str) -> None:
     pipe.lpush(wake_key, "1")
     pipe.ltrim(wake_key, 0, WAKE_CAP - 1)
     pipe.pexpire(wake_key, WAKE_TTL_MS)
+
+
+async def release_claim(redis: Redis, claim_key: str, wake_key: str) -> None:
+    """Make a claimed job claimable again (a worker hands back a job it will not run) and wake a
+    worker for it: an idle one would otherwise notice it only at the end of its longest block."""
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.delete(claim_key)
+        queue_wake(pipe, wake_key)
+        await pipe.execute()
 
 
 class Waker:
