@@ -25,9 +25,10 @@ interleaved (queue order rotates each repetition) and medians printed. Per run:
   counted; INFO and the counter reads left out);
 - worker_cpu_us_per_job: the worker process's CPU time over the drain window, per job;
 - start_p50_ms / start_p99_ms: enqueue to body on an idle worker, one job at a time;
-- idle_cmds_per_s: Redis commands per second of an idle worker, over `--idle-s` (10 s: long enough
-  for the periodic work every queue does, the fast worker's recovery pass every 5 s and arq's
-  health record every 10 s among it; 2 s with --quick, which mostly misses it).
+- idle_cmds_per_s: Redis commands per second of an idle worker, over `--idle-s` (30 s: whole
+  cycles of the periodic work every queue does, the fast worker's recovery pass every 5 s, its
+  directory beat and longest block every 10 s and its sweeps every 15 s among it; 2 s with
+  --quick, which mostly misses it).
 
 Ratios compare agent-async's fast worker with the best of SAQ, Taskiq and Dramatiq:
 `drain_vs_best_peer` and `enqueue_vs_best_peer` (higher is better) and `start_p50_vs_best_peer`
@@ -640,7 +641,7 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int)
     parser.add_argument("--reps", type=int)
     parser.add_argument("--samples", type=int)
-    parser.add_argument("--idle-s", type=float, help="the idle window (default 10 s; 2 s with --quick)")
+    parser.add_argument("--idle-s", type=float, help="the idle window (default 30 s; 2 s with --quick)")
     parser.add_argument("--worker", choices=sorted(SYSTEMS))
     parser.add_argument("--redis-url", default=os.environ.get("AGENT_REDIS_URL", "redis://127.0.0.1:6379/0"))
     cli = parser.parse_args()
@@ -650,5 +651,5 @@ if __name__ == "__main__":
         cli.jobs = cli.jobs or (2000 if cli.quick else 10_000)
         cli.reps = cli.reps or (2 if cli.quick else 3)
         cli.samples = cli.samples or (30 if cli.quick else 100)
-        cli.idle_s = cli.idle_s or (2.0 if cli.quick else 10.0)
+        cli.idle_s = cli.idle_s or (2.0 if cli.quick else 30.0)
         asyncio.run(main(cli))
