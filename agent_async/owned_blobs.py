@@ -2,9 +2,9 @@
 
 Every way a job can end (its worker, a cancel before it starts, retries exhausted, recovery of a
 lost worker, the engine dropping it) is a terminal state in Redis; rather than hooking each of
-them, the store keeps an index of the jobs that own blobs, and a sweep (every recovery pass of
-every worker, and at once after a cancel) deletes the blobs of those whose state is terminal or
-gone. Deleting twice is harmless; a blob store that is down is retried at the next sweep.
+them, the store keeps an index of the jobs that own blobs, and a sweep (after every third
+recovery pass a worker makes, and at once after a cancel) deletes the blobs of those whose state
+is terminal or gone. Deleting twice is harmless; a blob store that is down is retried at the next sweep.
 """
 
 from __future__ import annotations
