@@ -17,7 +17,7 @@ from redis.exceptions import ResponseError
 from agent_async.engine.wire import WAKE_CAP, WAKE_TTL_MS
 from agent_async.store import ScriptCall
 
-__all__ = ["Idle", "Wait", "Waker", "Woken", "queue_wake", "release_claim"]
+__all__ = ["Idle", "Wait", "Waker", "Woken", "give_back_claim", "queue_wake"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +63,11 @@ def queue_wake(pipe: Pipeline, wake_key: str) -> None:
     pipe.pexpire(wake_key, WAKE_TTL_MS)
 
 
-async def release_claim(redis: Redis, claim_key: str, wake_key: str) -> None:
+async def give_back_claim(redis: Redis, claim_key: str, wake_key: str) -> None:
     """Make a claimed job claimable again (a worker hands back a job it will not run) and wake a
-    worker for it: an idle one would otherwise notice it only at the end of its longest block."""
+    worker for it: an idle one would otherwise notice it only at the end of its longest block.
+    (Recovery's release of a lost worker's claim is release_claim.lua: it checks the state first;
+    a hand-back has just set it, and a cron tick has none.)"""
     async with redis.pipeline(transaction=False) as pipe:
         pipe.delete(claim_key)
         queue_wake(pipe, wake_key)

@@ -31,7 +31,7 @@ from agent_async.engine.finish import RunEnd, linger_while_running
 from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_REPLY, Hooks
 from agent_async.engine.stoppable import StoppableWorker
 from agent_async.engine.transactions import PoolWithPickup, PoolWithScript
-from agent_async.engine.wakeup import Idle, Wait, Waker, release_claim
+from agent_async.engine.wakeup import Idle, Wait, Waker, give_back_claim
 from agent_async.engine.wire import EngineNames
 from agent_async.store import ScriptCall, run_script
 
@@ -224,7 +224,7 @@ class FastWorker(StoppableWorker, DirectRun):
     async def _hand_back(self, job_id: str) -> None:
         try:
             await self._hooks.hand_back(job_id)
-            await release_claim(cast(ArqRedis, self._pool), in_progress_key_prefix + job_id, self._names.wake_key)
+            await give_back_claim(cast(ArqRedis, self._pool), in_progress_key_prefix + job_id, self._names.wake_key)
         except Exception as exc:  # the lease runs out and recovery settles it
             logger.warning("job %s was claimed but never ran; handing it back failed: %r", job_id, exc)
 
