@@ -70,27 +70,30 @@ async def test_failing_end_hook_does_not_run_the_job_twice(
 
 
 async def test_end_hook_that_never_succeeds_leaves_state_for_the_reconciler(
-    agent: Agent, client: ClientAgent, redis: Redis, monkeypatch: pytest.MonkeyPatch
+    agent: Agent, redis: Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Redis refusing every outcome write for longer than the worker keeps retrying it: the worker
     survives, the job ran once, and the state is ended by the reconciler instead of staying
-    STARTED forever."""
-    job_id = await client.enqueue(Gated(), "u")
-    original = agent.job_store.run
+    STARTED forever. (The burst worker makes no periodic pass here: on a loaded machine the burst
+    can outlast the reconciler's idle grace, 1 s, and its own pass would end the state first.)"""
+    async with Agent(dataclasses.replace(agent.settings, reconcile_interval_s=60)) as quiet:
+        client = ClientAgent(quiet)
+        job_id = await client.enqueue(Gated(), "u")
+        original = quiet.job_store.run
 
-    async def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
-        raise ConnectionError("redis down")
+        async def broken(*args, **kwargs):  # type: ignore[no-untyped-def]
+            raise ConnectionError("redis down")
 
-    monkeypatch.setattr(hooks, "OUTCOME_RETRY_FOR_S", 0.3)
-    monkeypatch.setattr(agent.job_store, "run", broken)
-    await run_burst(agent, "arq_cli_worker")
-    assert await runs(redis, agent, job_id) == 1
-    assert (await client.get_state(job_id)).status is JobStatus.STARTED  # type: ignore[union-attr]
-    monkeypatch.setattr(agent.job_store, "run", original)
-    assert await JobRecovery(agent.job_store, engine=agent.engine).reconcile(idle_for_ms=0) == 1
-    state = await client.get_state(job_id)
-    assert state is not None and state.status is JobStatus.FAILURE
-    assert await agent.job_store.slots_held(agent.keys.gate(Gated.name, "u")) == 0
+        monkeypatch.setattr(hooks, "OUTCOME_RETRY_FOR_S", 0.3)
+        monkeypatch.setattr(quiet.job_store, "run", broken)
+        await run_burst(quiet, "arq_cli_worker")
+        assert await runs(redis, quiet, job_id) == 1
+        assert (await client.get_state(job_id)).status is JobStatus.STARTED  # type: ignore[union-attr]
+        monkeypatch.setattr(quiet.job_store, "run", original)
+        assert await JobRecovery(quiet.job_store, engine=quiet.engine).reconcile(idle_for_ms=0) == 1
+        state = await client.get_state(job_id)
+        assert state is not None and state.status is JobStatus.FAILURE
+        assert await quiet.job_store.slots_held(quiet.keys.gate(Gated.name, "u")) == 0
 
 
 async def _dropped(drain: Drain, agent: Agent, client: ClientAgent, job_id: str) -> str:
