@@ -198,6 +198,7 @@ class Agent:
             resume=request.resume,
             max_try=request.max_try,
             owned_blobs=request.owned_blob_refs(),
+            new_id=job_id is None,
         )
         return state
 

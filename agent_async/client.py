@@ -122,7 +122,7 @@ class ClientAgent:
                 gate = self.agent.gate_claim(type(request), user_uid)
                 call = self._jobs.prepare(
                     state, gate=gate, run=self.agent.engine.run_at(defer_s), resume=request.resume,
-                    max_try=request.max_try, owned_blobs=request.owned_blob_refs(),
+                    max_try=request.max_try, owned_blobs=request.owned_blob_refs(), new_id=True,
                 )
             except RequestRefusedError as exc:
                 results[i] = EnqueueResult(None, exc.code, str(exc))

@@ -8,6 +8,7 @@ import asyncio
 import dataclasses
 from typing import Any
 
+import pytest
 from arq.jobs import deserialize_job
 from redis.asyncio import Redis
 
@@ -77,17 +78,32 @@ async def test_a_duplicate_id_is_refused_alone(agent: Agent, client: ClientAgent
     assert isinstance(outcomes[0], DuplicateJobError) and isinstance(outcomes[1], str)
 
 
+async def test_an_id_the_caller_chose_is_checked_and_a_drawn_one_is_not(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """Only a chosen id (a schedule's fire) can exist already: its enqueue checks, a drawn one's does not."""
+    await client.enqueue(Echo(text="loads the script"))
+    before = await command_calls(redis)
+    await agent.create_job(Echo(text="chosen"), job_id="report@1700000000000")
+    await agent.create_job(Echo(text="drawn"))
+    after = await command_calls(redis)
+    assert after.get("exists", 0) - before.get("exists", 0) == 1
+    with pytest.raises(DuplicateJobError):
+        await agent.create_job(Echo(text="again"), job_id="report@1700000000000")
+
+
 async def test_the_writes_jobs_share_go_out_once_per_call(agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """20 jobs of one type and user in one call: each index gets its first entry alone (which
-    checks its type) and the other 19 in one call; one enqueue count, one wake-up push."""
+    checks its type) and the other 19 in one call; one enqueue count, one wake-up push; no check
+    that an id exists (new_job_id drew each)."""
     await client.enqueue(Echo(text="loads the script"))
     before = await command_calls(redis)
     ids = await asyncio.gather(*(client.enqueue(Echo(text=str(i)), "fred") for i in range(20)))
     after = await command_calls(redis)
     assert len(set(ids)) == 20 and agent.job_store.enqueues.stats.largest == 20
-    delta = {k: after[k] - before.get(k, 0) for k in ("zadd", "hset", "psetex", "hincrby", "lpush", "exists")}
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("zadd", "hset", "psetex", "hincrby", "lpush", "exists")}
     # queue, active, all-jobs, job type and user indexes: 5 first writes, then 5 variadic ones.
-    assert delta == {"zadd": 10, "hset": 20, "psetex": 20, "hincrby": 1, "lpush": 1, "exists": 20}
+    assert delta == {"zadd": 10, "hset": 20, "psetex": 20, "hincrby": 1, "lpush": 1, "exists": 0}
     assert await client.count_for_user("fred") == 20
 
 

@@ -7,7 +7,8 @@
 -- KEYS: none (the call's constants C: enqueue_begin's)
 -- ARGV: none (the job, a list: job id, created ms, job name, payload JSON, user|'', schedule|'',
 --       gate key|'', gate limit, gate slot expiry ms, engine score ms, engine job ttl ms,
---       resume '1'|'0', max_try, owned blobs JSON|'', then the state's other field/value pairs)
+--       resume '1'|'0', max_try, owned blobs JSON|'', '1' if the id was just drawn at random
+--       (no check that it exists: it cannot) else '0', then the state's other field/value pairs)
 -- Reply: 1 queued, 0 gate full, -1 the id exists, -2 a key has the wrong type
 
 -- The call's shared writes: the keys known to be zsets, the enqueue counts by job name, the indexes
@@ -49,7 +50,7 @@ local function enqueue_job(job)
   local gate, limit, gate_expiry, score, ttl_ms = job[7], tonumber(job[8]), job[9], job[10], job[11]
   local state, engine_id = C.state_prefix .. job_id, C.engine_prefix .. job_id
   local engine_key = engine_job_key(engine_id)
-  if engine_has(engine_key, state) then return -1 end
+  if job[15] ~= '1' and engine_has(engine_key, state) then return -1 end
   local gated = gate ~= '' and limit > 0
   if gated then
     if not zset_or_none(gate) then return -2 end
@@ -74,7 +75,7 @@ local function enqueue_job(job)
   if schedule ~= '' then fields[#fields + 1] = 'schedule'; fields[#fields + 1] = schedule end
   if job[14] ~= '' then fields[#fields + 1] = 'owned_blobs'; fields[#fields + 1] = job[14] end
   -- The state's other fields (retry_of, ...) override the defaults above.
-  for i = 15, #job do fields[#fields + 1] = job[i] end
+  for i = 16, #job do fields[#fields + 1] = job[i] end
   if gated then
     fields[#fields + 1] = 'gate'; fields[#fields + 1] = gate
     fields[#fields + 1] = 'gate_ttl_ms'; fields[#fields + 1] = tonumber(gate_expiry) - now
