@@ -118,12 +118,25 @@ async def test_unknown_function_ends_failure(drain: Drain, agent: Agent, client:
     assert "function 'tests.no_worker' not found" in error
 
 
-async def test_max_tries_exceeded_ends_failure(drain: Drain, agent: Agent, client: ClientAgent, redis: Redis) -> None:
-    """arq's own try limit (pickups) dropping a job without a hook still ends its state."""
+async def test_max_tries_exceeded_ends_failure(agent: Agent, client: ClientAgent, redis: Redis) -> None:
+    """arq's own try limit (pickups, under arq's stock worker) dropping a job without a hook still
+    ends its state."""
     job_id = await client.enqueue(Echo())
     await redis.set(f"arq:retry:{agent.engine.names.engine_job_id(job_id)}", 100)
-    error = await _dropped(drain, agent, client, job_id)
+    error = await _dropped(lambda: run_burst(agent, "arq_cli_worker"), agent, client, job_id)
     assert "retries exceeded" in error
+
+
+async def test_the_fast_worker_counts_tries_in_the_state_not_arqs_key(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """The fast worker's try is the state's attempt: a stray arq tries count does not drop the job."""
+    job_id = await client.enqueue(Echo(text="runs"))
+    await redis.set(f"arq:retry:{agent.engine.names.engine_job_id(job_id)}", 100)
+    await run_burst(agent, "agent_worker")
+    state = await client.get_state(job_id)
+    assert state is not None and state.status is JobStatus.SUCCESS and state.attempts == 1
+    assert await runs(redis, agent, job_id) == 1
 
 
 async def test_expired_job_key_ends_failure(drain: Drain, agent: Agent, client: ClientAgent, redis: Redis) -> None:

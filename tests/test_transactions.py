@@ -475,7 +475,8 @@ async def test_the_claim_picks_up_and_starts_each_job_it_takes(agent: Agent, cli
     assert agent.job_store.parse_start(picked.start).run is True
     state = await agent.job_store.get(job_id)
     assert state is not None and state.status is JobStatus.STARTED and state.attempts == 1
-    assert await redis.get(f"arq:retry:{engine_id}") == b"1"
+    # The try is the state's attempt: no arq tries key of its own (and none for the cron tick).
+    assert await redis.get(f"arq:retry:{engine_id}") is None
     assert await redis.get(f"arq:retry:{names.cron_function('nightly', 0)}:1") is None
 
 
@@ -512,11 +513,12 @@ async def test_the_claim_reads_the_abort_set_once_and_takes_each_abort(
     assert calls(after, "exists") - calls(stats, "exists") == 1
 
 
-async def test_the_claim_counts_tries_with_their_expiry_as_arq_does(
+async def test_the_claims_tries_are_the_states_attempts_and_arqs_count_for_a_refused_start(
     agent: Agent, client: ClientAgent, redis: Redis
 ) -> None:
-    """arq's pickup INCRs a job's tries and renews their expiry at every try: the claim's pickup
-    does the same (a first try in one SET), so arq's try limit sees every try."""
+    """A job the claim starts tries as often as its state was started (a retry: 2), with no arq
+    tries key written; a job whose start is refused (it ended meanwhile) counts arq's own tries,
+    with arq's expiry, as arq's pickup would."""
     job_id = await client.enqueue(Echo(text="x"))
     names = agent.engine.names
     engine_id = names.engine_job_id(job_id)
@@ -529,14 +531,22 @@ async def test_the_claim_counts_tries_with_their_expiry_as_arq_does(
         return claimed.picked[engine_id].tries
 
     assert await claim() == 1
+    # Queued again as a retry (its claim released, its state RETRY): the second try.
+    await redis.delete(f"arq:in-progress:{engine_id}")
+    await redis.hset(agent.keys.state(job_id), "status", JobStatus.RETRY.value)
+    assert await claim() == 2
+    assert await redis.exists(tries_key) == 0
+    state = await agent.job_store.get(job_id)
+    assert state is not None and state.attempts == 2
+    # Ended meanwhile (a terminal state): the start refuses it, arq's own count takes over.
+    await redis.delete(f"arq:in-progress:{engine_id}")
+    await redis.hset(agent.keys.state(job_id), "status", JobStatus.SUCCESS.value)
+    assert await claim() == 1
     assert await redis.get(tries_key) == b"1"
     assert 88_000 < await redis.ttl(tries_key) <= 88_400
-    await redis.expire(tries_key, 100)
-    # Claimed again after its claim was released (a lost worker's job, a retry): tries 2, expiry renewed.
     await redis.delete(f"arq:in-progress:{engine_id}")
     assert await claim() == 2
     assert await redis.get(tries_key) == b"2"
-    assert 88_000 < await redis.ttl(tries_key) <= 88_400
 
 
 async def test_a_start_that_fails_in_the_claim_fails_that_job_alone(

@@ -47,8 +47,9 @@ __all__ = [
 # The engine's Lua library, loaded in front of every store script (see store/jobs.py).
 STORE_LUA = ENGINE_LUA
 
-# arq counts pickups (shutdown requeues, redeliveries) as tries; our attempts are counted in the
-# JobState. arq's own limit is set this far above max_try so it only acts as a last resort.
+# arq's stock worker counts pickups (shutdown requeues, redeliveries) as tries; our attempts are
+# counted in the JobState (and are the fast worker's tries: engine/lua/pickup.lua). arq's own limit
+# is set this far above max_try so it only acts as a last resort.
 _PICKUP_SLACK = 5
 # arq keeps the result of a job it dropped before running it (no hook is called then); the
 # reconciler reads the reason from there.

@@ -1,5 +1,6 @@
 -- pickup: what arq's run_job does first with a job (its pickup transaction: GET the job, INCR its
--- tries, EXPIRE them, ZREM it from the abort set) and the store's START transition (lib.lua's
+-- tries, EXPIRE them, ZREM it from the abort set; the tries, for a job the start ran, are its
+-- state's attempts) and the store's START transition (lib.lua's
 -- start_job), done inside the claim for the jobs it takes, so a job runs one round trip after its
 -- claim instead of two. The worker answers arq's pickup transaction from this reply
 -- (engine/transactions.py, PoolWithPickup). Loaded after the store's lib.lua, before claim_lib.lua.
@@ -19,12 +20,6 @@ end
 
 local function pickup_one(engine_id, job, now, abort_live)
   local job_id = string.sub(engine_id, #P_ENGINE + 1)
-  -- arq's INCR then EXPIRE of the tries; a first try (most jobs) is one SET.
-  local tries_key, tries = '@RETRY_PREFIX@' .. engine_id, 1
-  if not redis.call('SET', tries_key, '1', 'EX', @RETRY_TTL_S@, 'NX') then
-    tries = redis.call('INCR', tries_key)
-    redis.call('EXPIRE', tries_key, @RETRY_TTL_S@)
-  end
   local aborted = 0
   if abort_live then aborted = redis.call('ZREM', P_ABORT, engine_id) end
   -- A state that makes the start fail (not a hash) fails this job's start alone, not the claim of
@@ -32,6 +27,19 @@ local function pickup_one(engine_id, job, now, abort_live)
   local ok, started = pcall(start_job, P_STATE .. job_id, P_ACTIVE, P_LEASES, job_id, now, now + P_LEASE_MS,
                             P_RETENTION)
   if not ok then started = false end
+  -- The try: a job the start ran counts its tries in its state (attempts, one more at each start,
+  -- none for a hand-back, which undoes its start), the count every limit of ours reads; arq's own
+  -- tries key would repeat it, one command per job. A job not started here (refused, or a state
+  -- that failed) keeps arq's count: arq's INCR then EXPIRE, a first try in one SET.
+  local tries = started and started[1] > 0 and started[1] or nil
+  if not tries then
+    local tries_key = '@RETRY_PREFIX@' .. engine_id
+    tries = 1
+    if not redis.call('SET', tries_key, '1', 'EX', @RETRY_TTL_S@, 'NX') then
+      tries = redis.call('INCR', tries_key)
+      redis.call('EXPIRE', tries_key, @RETRY_TTL_S@)
+    end
+  end
   return {job or false, tries, aborted, started}
 end
 
