@@ -95,15 +95,17 @@ async def test_an_id_the_caller_chose_is_checked_and_a_drawn_one_is_not(
 async def test_the_writes_jobs_share_go_out_once_per_call(agent: Agent, client: ClientAgent, redis: Redis) -> None:
     """20 jobs of one type and user in one call: each index gets its first entry alone (which
     checks its type) and the other 19 in one call; one enqueue count, one wake-up push; no check
-    that an id exists (new_job_id drew each)."""
+    that an id exists (new_job_id drew each); their events in two stream entries."""
     await client.enqueue(Echo(text="loads the script"))
     before = await command_calls(redis)
     ids = await asyncio.gather(*(client.enqueue(Echo(text=str(i)), "fred") for i in range(20)))
     after = await command_calls(redis)
     assert len(set(ids)) == 20 and agent.job_store.enqueues.stats.largest == 20
-    delta = {k: after.get(k, 0) - before.get(k, 0) for k in ("zadd", "hset", "psetex", "hincrby", "lpush", "exists")}
-    # queue, active, all-jobs, job type and user indexes: 5 first writes, then 5 variadic ones.
-    assert delta == {"zadd": 10, "hset": 20, "psetex": 20, "hincrby": 1, "lpush": 1, "exists": 0}
+    commands = ("zadd", "hset", "psetex", "hincrby", "lpush", "exists", "xadd")
+    delta = {k: after.get(k, 0) - before.get(k, 0) for k in commands}
+    # queue, active, all-jobs, job type and user indexes: 5 first writes, then 5 variadic ones; the
+    # 20 PENDING events in two stream entries of 10.
+    assert delta == {"zadd": 10, "hset": 20, "psetex": 20, "hincrby": 1, "lpush": 1, "exists": 0, "xadd": 2}
     assert await client.count_for_user("fred") == 20
 
 

@@ -176,9 +176,11 @@ async def test_the_stream_is_capped(agent: Agent, client: ClientAgent, redis: Re
     assert f"EVENTS_KEPT = {EVENTS_KEPT}" in script and "MAXLEN', '~', EVENTS_KEPT" in script
 
 
-def _stream_order(event_id: str) -> tuple[int, int]:
-    ms, seq = event_id.split("-")
-    return int(ms), int(seq)
+def _stream_order(event_id: str) -> tuple[int, int, int]:
+    """An event id's place: its entry's stream id, then its place in the entry (-1: the entry's only one)."""
+    entry, _, k = event_id.partition(".")
+    ms, seq = entry.split("-")
+    return int(ms), int(seq), int(k) if k else -1
 
 
 async def test_a_new_reader_sees_only_new_events(client: ClientAgent) -> None:
@@ -207,3 +209,47 @@ async def test_events_can_be_turned_off(settings: Any, redis: Redis, job_registr
         assert state is not None and state.status is JobStatus.CANCELED
         assert not await redis.exists(quiet.keys.events)
 
+
+
+async def test_the_events_of_one_call_share_entries_and_a_reader_resumes_inside_one(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """12 jobs queued by one call: their 12 PENDING events in two stream entries (10, then 2), ids
+    <entry>.0 on, in the jobs' order; a reader resuming after any of them gets what follows it."""
+    results = await client.enqueue_many([Steps(steps=1) for _ in range(12)], "dora")
+    ids = [r.job_id for r in results]
+    assert await redis.xlen(agent.keys.events) == 2
+    events = await agent.events.read()
+    assert [(e.job_id, e.status, e.name, e.user_uid, e.attempts) for e in events] == [
+        (job_id, JobStatus.PENDING, Steps.name, "dora", 0) for job_id in ids
+    ]
+    entries = [e.event_id.partition(".") for e in events]
+    assert [k for _, _, k in entries] == [str(k) for k in range(10)] + ["0", "1"]
+    assert len({entry for entry, _, _ in entries[:10]}) == 1 and entries[10][0] == entries[11][0] != entries[0][0]
+    assert _stream_order(events[9].event_id) < _stream_order(events[10].event_id)
+    # Resumed inside the first entry, at its end, and after everything.
+    assert await agent.events.read(events[3].event_id) == events[4:]
+    assert await agent.events.read(events[9].event_id) == events[10:]
+    assert await agent.events.read(events[11].event_id) == []
+    assert await agent.events.latest(5) == events[-5:]
+    assert await agent.events.latest(2, job_id=ids[4]) == [events[4]]
+    # A call of one job writes an entry of its own fields, its id the entry's.
+    single = await client.enqueue(Steps(steps=1), "dora")
+    (last,) = await agent.events.read(events[11].event_id)
+    assert (last.job_id, last.status) == (single, JobStatus.PENDING) and "." not in last.event_id
+    assert await agent.events.read(last.event_id) == []
+    replay = [e async for e in _take(client.events(last_event_id=events[7].event_id, idle_s=0.1), 10)]
+    assert [e.event_id for e in replay] == [e.event_id for e in events[8:]] + [last.event_id]
+
+
+async def test_a_reader_inside_an_entry_that_was_trimmed_goes_on_after_it(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """The capped stream dropped the entry a reader stopped inside: it gets the entries after it."""
+    first = await client.enqueue_many([Steps(steps=1) for _ in range(3)])
+    later = await client.enqueue(Steps(steps=1))
+    events = await agent.events.read()
+    assert [e.job_id for e in events] == [r.job_id for r in first] + [later]
+    assert "." in events[1].event_id, "the first three share an entry"
+    await redis.xtrim(agent.keys.events, maxlen=1, approximate=False)
+    assert [e.job_id for e in await agent.events.read(events[1].event_id)] == [later]

@@ -197,7 +197,9 @@ def test_every_lifecycle_placeholder_in_the_store_scripts_is_provided() -> None:
         if entry.name.endswith(".lua"):
             code = "\n".join(line.split("--", 1)[0] for line in entry.read_text().splitlines())
             used |= set(re.findall(r"@[A-Z_]+@", code))
-    store_own = {"@PRUNE_BATCH@", "@PRUNE_EVERY@", "@EVENTS@", "@EVENTS_KEPT@", *metrics_constants("")}
+    store_own = {
+        "@PRUNE_BATCH@", "@PRUNE_EVERY@", "@EVENTS@", "@EVENTS_KEPT@", "@EVENTS_PER_ENTRY@", *metrics_constants(""),
+    }
     assert used - store_own == set(lua_constants())
 
 

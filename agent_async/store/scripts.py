@@ -46,8 +46,11 @@ def lua_source(package: str, name: str, constants: Mapping[str, str] | None = No
 # an index every job writes is pruned at every PRUNE_EVERY-th write, that many times as many.
 _PRUNE_BATCH = 10
 PRUNE_EVERY = 8
-# The event stream keeps about this many events (XADD MAXLEN ~): a late reader replays what is left.
-EVENTS_KEPT = 100_000
+# The event stream keeps about this many entries (XADD MAXLEN ~): a late reader replays what is left.
+# An entry holds one event, or up to EVENTS_PER_ENTRY of one script call's (lib.lua's send_events):
+# 50,000 to 500,000 events, some 5 to 58 MB.
+EVENTS_KEPT = 50_000
+EVENTS_PER_ENTRY = 10
 
 
 def store_script(
@@ -68,7 +71,8 @@ def store_lib_constants(*, events_key: str, metrics_key: str = "") -> dict[str, 
     """What fills store/lua/lib.lua's placeholders (see store_script for the two keys)."""
     return {
         **lua_constants(), "@PRUNE_BATCH@": str(_PRUNE_BATCH), "@PRUNE_EVERY@": str(PRUNE_EVERY),
-        "@EVENTS@": events_key, "@EVENTS_KEPT@": str(EVENTS_KEPT), **metrics_constants(metrics_key),
+        "@EVENTS@": events_key, "@EVENTS_KEPT@": str(EVENTS_KEPT), "@EVENTS_PER_ENTRY@": str(EVENTS_PER_ENTRY),
+        **metrics_constants(metrics_key),
     }
 
 

@@ -104,7 +104,9 @@ async def cancel_job(job_id: str) -> Response:
 )
 @document_errors(
     403, 404, 422, 503,
-    descriptions={**_OWNED, 422: "`invalid_body`: `Last-Event-ID` is not an event id (`<ms>-<seq>`)."},
+    descriptions={
+        **_OWNED, 422: "`invalid_body`: `Last-Event-ID` is not an event id (`<ms>-<seq>` or `<ms>-<seq>.<k>`).",
+    },
 )
 async def job_events(job_id: str, headers: SseHeaders) -> Response:
     """Follow the job: its transitions and progress reports, streamed as they happen (text/event-stream)."""

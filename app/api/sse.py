@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from quart import Response, current_app
 
 from agent_async import ClientAgent, JobEvent, JobStatus
+from agent_async.store.events import EVENT_ID_PATTERN
 from app.api.schemas import JobEventOut, optional_parameters
 
 __all__ = [
@@ -53,7 +54,7 @@ SSE_CONTENT = {
             "type": "object",
             "required": ["id", "event", "data"],
             "properties": {
-                "id": {"type": "string", "pattern": "^[0-9]+-[0-9]+$",
+                "id": {"type": "string", "pattern": EVENT_ID_PATTERN,
                        "description": "The event id: send the last one back as `Last-Event-ID` to resume."},
                 "event": {"type": "string", "enum": ["status", "progress"]},
                 "data": {
@@ -88,8 +89,7 @@ class SseHeaders(BaseModel):
 
     model_config = ConfigDict(json_schema_extra=optional_parameters)
 
-    # A Redis stream id, ms-seq; 19 digits each always fit the 64 bits Redis allows.
-    last_event_id: str | None = Field(default=None, pattern=r"^[0-9]{1,19}-[0-9]{1,19}$")
+    last_event_id: str | None = Field(default=None, pattern=EVENT_ID_PATTERN)
 
 
 def heartbeat_seconds() -> float:

@@ -21,7 +21,7 @@ from agent_async.lifecycle import now_ms
 from agent_async.runs import RunRecord, RunStatus
 from agent_async.schedules.cron import cron_problem, next_fire
 from agent_async.schedules.scheduler import ScheduleView
-from agent_async.store.events import EventType
+from agent_async.store.events import EVENT_ID_PATTERN, EventType
 from agent_async.store.listing import JobOrder
 from app.api.sse import admin_stream, heartbeat_seconds, sse_response
 from app.dashboard.security import (
@@ -56,7 +56,7 @@ TIMELINE_EVENTS = 100
 # A cancel waits this long for a running job to stop, so the page can show it CANCELED.
 CANCEL_WAIT_S = 5.0
 _MAX_ID_CHARS = 128
-_EVENT_ID = re.compile(r"^[0-9]{1,19}-[0-9]{1,19}$")
+_EVENT_ID = re.compile(EVENT_ID_PATTERN)
 
 
 class Notice(StrEnum):
@@ -602,7 +602,7 @@ async def events() -> Response:
     """
     after = request.headers.get("Last-Event-ID") or request.args.get("after")
     if after is not None and not _EVENT_ID.match(after):
-        raise DashboardError(422, "Last-Event-ID must be an event id (<ms>-<seq>)")
+        raise DashboardError(422, "Last-Event-ID must be an event id (<ms>-<seq> or <ms>-<seq>.<k>)")
     body = await admin_stream(
         _rt().client, name=None, user_uid=None, status=None, last_event_id=after, heartbeat_s=heartbeat_seconds(),
     )

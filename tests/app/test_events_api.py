@@ -225,6 +225,31 @@ async def test_a_reconnect_with_last_event_id_replays_the_rest_without_duplicate
     await wait_closed(baseline)
 
 
+async def test_a_last_event_id_inside_an_entry_of_several_resumes_after_that_event(served: Served) -> None:
+    """Three jobs queued by one call: their PENDING events share a stream entry (ids <entry>.0-2). The
+    second job's stream resumed after <entry>.0 replays its PENDING (<entry>.1); after <entry>.1,
+    nothing (it stays PENDING: no worker), a keep-alive first."""
+    user = f"user-{uuid.uuid4().hex[:8]}"
+    request_class = served.runtime.agent.registry.request(STEPS)
+    assert request_class is not None
+    results = await served.runtime.client.enqueue_many([request_class() for _ in range(3)], user)
+    second = results[1].job_id
+    events = await served.runtime.agent.events.read()
+    entry = events[0].event_id.partition(".")[0]
+    assert [e.event_id for e in events] == [f"{entry}.{k}" for k in range(3)]
+    url = f"/jobs/{second}/events"
+    async with asyncio.timeout(5), stream(served, url, served.headers(user, last_event_id=f"{entry}.0")) as response:
+        assert response.status_code == 200
+        first = await anext(f async for f in frames(response))
+    assert first.id == f"{entry}.1" and first.data is not None and first.data["job_id"] == second
+    async with asyncio.timeout(5), stream(served, url, served.headers(user, last_event_id=f"{entry}.1")) as response:
+        assert response.status_code == 200
+        assert (await anext(f async for f in frames(response))).comment == "keep-alive"
+    for bad in (f"{entry}.", f"{entry}.x", f"{entry}.12345"):
+        refused = await served.http.get(url, headers=served.headers(user, last_event_id=bad))
+        assert refused.status_code == 422 and refused.json()["error"] == "invalid_body", bad
+
+
 async def test_a_heartbeat_comment_while_idle_and_the_stream_is_freed_on_disconnect(served: Served) -> None:
     user = f"user-{uuid.uuid4().hex[:8]}"
     job_id = await served.enqueue(user)  # no worker: it stays PENDING

@@ -70,7 +70,7 @@ def _scheduler() -> Scheduler:
     descriptions={
         **_FORBIDDEN,
         422: "`invalid_body`: an unknown query parameter, a `status` that is no job status, an empty "
-             "filter, or a `Last-Event-ID` that is not an event id (`<ms>-<seq>`).",
+             "filter, or a `Last-Event-ID` that is not an event id (`<ms>-<seq>` or `<ms>-<seq>.<k>`).",
     },
 )
 async def follow_events(query_args: EventsQuery, headers: SseHeaders) -> Response:
