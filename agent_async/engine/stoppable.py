@@ -98,5 +98,6 @@ async def run_surviving_redis(worker: StoppableWorker, outage: RedisOutage) -> N
             else:
                 logger.warning("Redis error in the worker loop (%s); retrying in %.1fs", exc, delay_s)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(worker.stopping.wait(), delay_s)
+                async with asyncio.timeout(delay_s):  # not wait_for, which can swallow a cancel (worker.py)
+                    await worker.stopping.wait()
             delay_s = min(_REDIS_RETRY_MAX_S, delay_s * 2)

@@ -258,8 +258,13 @@ class FastWorker(StoppableWorker, DirectRun):
         elif wait.kind is Idle.SLOT:
             self._slot_freed.clear()
             if self.job_counter >= self.max_jobs:
+                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns when the event is set
+                # in the loop turn its cancel lands in, swallowing the cancel (gh-86296). arq's SIGTERM
+                # cancels the running jobs and this loop at once, and the jobs' ends set this event:
+                # the worker then never stopped.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._slot_freed.wait(), timeout_s)
+                    async with asyncio.timeout(timeout_s):
+                        await self._slot_freed.wait()
         elif not self._push:
             await asyncio.sleep(min(self._poll_pause_s, timeout_s))
         else:

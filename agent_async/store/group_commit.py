@@ -99,7 +99,9 @@ class GroupCommit(Generic[T, R]):
                 return
             self._arrived = arrived = asyncio.Event()
             try:
-                await asyncio.wait_for(arrived.wait(), left_s)
+                # Not wait_for: on Python 3.11 it swallows a cancel that lands as the event is set.
+                async with asyncio.timeout(left_s):
+                    await arrived.wait()
             except TimeoutError:
                 return
             finally:
