@@ -14,6 +14,7 @@ from typing import Any
 from arq.worker import Worker
 from redis.exceptions import RedisError
 
+from agent_async.engine.wakeup import wait_set
 from agent_async.outage import OUTAGE_ERRORS, RedisOutage
 
 __all__ = ["StoppableWorker", "run_stopping_on_signal", "run_surviving_redis"]
@@ -97,7 +98,5 @@ async def run_surviving_redis(worker: StoppableWorker, outage: RedisOutage) -> N
                 outage.failed("worker loop", exc)
             else:
                 logger.warning("Redis error in the worker loop (%s); retrying in %.1fs", exc, delay_s)
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay_s):  # not wait_for, which can swallow a cancel (worker.py)
-                    await worker.stopping.wait()
+            await wait_set(worker.stopping, delay_s)
             delay_s = min(_REDIS_RETRY_MAX_S, delay_s * 2)

@@ -17,7 +17,7 @@ from redis.exceptions import ResponseError
 from agent_async.engine.wire import WAKE_CAP, WAKE_TTL_MS
 from agent_async.store import ScriptCall
 
-__all__ = ["Idle", "Wait", "Waker", "Woken", "give_back_claim", "queue_wake"]
+__all__ = ["Idle", "Wait", "Waker", "Woken", "give_back_claim", "queue_wake", "wait_set"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,6 +53,18 @@ class Wait:
     kind: Idle
     # Wall-clock ms of the next deferred job (WORK), if any.
     until_ms: int | None = None
+
+
+async def wait_set(event: asyncio.Event, timeout_s: float) -> bool:
+    """Wait up to `timeout_s` for `event`; whether it is set.
+
+    Not asyncio.wait_for: on Python 3.11 it returns when the event is set in the loop turn a cancel
+    lands in, swallowing the cancel (gh-86296). arq's SIGTERM does just that to the worker's wait
+    for a slot (the jobs it cancels free their slots), and the worker then never stopped."""
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(timeout_s):
+            await event.wait()
+    return event.is_set()
 
 
 def queue_wake(pipe: Pipeline, wake_key: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
 import functools
 import logging
 import time
@@ -31,7 +30,7 @@ from agent_async.engine.finish import RunEnd, linger_while_running
 from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_REPLY, Hooks
 from agent_async.engine.stoppable import StoppableWorker
 from agent_async.engine.transactions import PoolWithPickup, PoolWithScript
-from agent_async.engine.wakeup import Idle, Wait, Waker, give_back_claim
+from agent_async.engine.wakeup import Idle, Wait, Waker, give_back_claim, wait_set
 from agent_async.engine.wire import EngineNames
 from agent_async.store import ScriptCall, run_script
 
@@ -258,13 +257,7 @@ class FastWorker(StoppableWorker, DirectRun):
         elif wait.kind is Idle.SLOT:
             self._slot_freed.clear()
             if self.job_counter >= self.max_jobs:
-                # asyncio.timeout, not wait_for: Python 3.11's wait_for returns when the event is set
-                # in the loop turn its cancel lands in, swallowing the cancel (gh-86296). arq's SIGTERM
-                # cancels the running jobs and this loop at once, and the jobs' ends set this event:
-                # the worker then never stopped.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(timeout_s):
-                        await self._slot_freed.wait()
+                await wait_set(self._slot_freed, timeout_s)
         elif not self._push:
             await asyncio.sleep(min(self._poll_pause_s, timeout_s))
         else:

@@ -39,7 +39,11 @@ if not Path(CHROMIUM).exists() or not Path(CHROMEDRIVER).exists():
     pytest.skip(f"{CHROMIUM} is not installed (apt-get install chromium chromium-driver)", allow_module_level=True)
 
 from selenium import webdriver  # noqa: E402 (only once the browser is known to be there)
-from selenium.common.exceptions import StaleElementReferenceException, TimeoutException  # noqa: E402
+from selenium.common.exceptions import (  # noqa: E402
+    NoSuchElementException,
+    StaleElementReferenceException,
+    TimeoutException,
+)
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
 from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
@@ -180,7 +184,8 @@ def wait_until(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -
             value = check()
             if value:
                 return value
-        except (StaleElementReferenceException, AssertionError) as exc:
+        except (StaleElementReferenceException, NoSuchElementException, AssertionError) as exc:
+            # NoSuchElement: the page is between two loads (a form's POST, then its redirect).
             last = exc
         time.sleep(0.05)
     raise TimeoutException(f"timed out waiting for {what}" + (f" ({last})" if last else ""))
