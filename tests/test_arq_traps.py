@@ -6,14 +6,17 @@ import asyncio
 import dataclasses
 import pickle
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
 
 from agent_async import Agent, ClientAgent, JobStatus
 from agent_async.engine import hooks
 from agent_async.engine.stoppable import StoppableWorker
+from agent_async.lifecycle import StartDecision
 from agent_async.worker import JobRecovery
 from tests.conftest import Drain, run_burst
 from tests.jobs import Amnesia, Echo, Flaky, Gated, NoWorker, Sleeper, runs_key
@@ -23,21 +26,24 @@ async def runs(redis: Redis, agent: Agent, job_id: str) -> int:
     return int(await redis.hget(runs_key(agent.keys.namespace), job_id) or 0)
 
 
+@pytest.mark.parametrize("error", [RedisConnectionError("redis hiccup"), ResponseError("ERR a refused script")])
 async def test_failing_start_hook_neither_kills_the_worker_nor_runs_untracked(
-    drain: Drain, agent: Agent, client: ClientAgent, redis: Redis, monkeypatch: pytest.MonkeyPatch
+    drain: Drain, agent: Agent, client: ClientAgent, redis: Redis, monkeypatch: pytest.MonkeyPatch,
+    error: Exception,
 ) -> None:
-    """If recording STARTED fails, the hook swallows it and the job goes back to the queue, then
-    runs exactly once when Redis answers again; the worker keeps serving the other jobs."""
+    """If recording STARTED fails, the hook swallows it: an outage error is sent again (it may have
+    run: tests/test_lost_replies.py), any other error sends the job back to the queue. Either way
+    it runs exactly once when Redis answers again; the worker keeps serving the other jobs."""
     failing_id = await client.enqueue(Echo(text="a"))
     other_id = await client.enqueue(Echo(text="b"))
     original = agent.job_store.start
     failures = {"left": 1}
 
-    async def flaky_start(job_id: str):  # type: ignore[no-untyped-def]
+    async def flaky_start(job_id: str, **kwargs: Any) -> StartDecision:
         if job_id == failing_id and failures["left"]:
             failures["left"] -= 1
-            raise ConnectionError("redis hiccup")
-        return await original(job_id)
+            raise error
+        return await original(job_id, **kwargs)
 
     monkeypatch.setattr(agent.job_store, "start", flaky_start)
     await drain()

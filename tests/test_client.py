@@ -152,9 +152,9 @@ async def test_cancel_of_a_claimed_job_is_honoured_at_start(agent: Agent, client
     job_id = await client.enqueue(Echo(text="late"))
     original_start = agent.job_store.start
 
-    async def cancel_then_start(jid: str):  # type: ignore[no-untyped-def]
+    async def cancel_then_start(jid: str, **kwargs: Any):  # type: ignore[no-untyped-def]
         await client.cancel(jid)
-        return await original_start(jid)
+        return await original_start(jid, **kwargs)
 
     agent.job_store.start = cancel_then_start  # type: ignore[method-assign]
     await run_burst(agent, "arq_cli_worker")

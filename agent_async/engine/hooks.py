@@ -23,7 +23,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from arq.constants import abort_jobs_ss
 from arq.worker import Retry
@@ -33,7 +33,7 @@ from agent_async.engine.claim import CLAIM_WITH_PICKUP, Pickup
 from agent_async.engine.finish import FINISH_BATCH, FinishClaims, Finisher
 from agent_async.engine.wire import EngineNames, dropped_from_result
 from agent_async.errors import AgentError
-from agent_async.lifecycle import JobStatus, Outcome, StartDecision, dropped_outcome, interrupted_outcome
+from agent_async.lifecycle import JobStatus, Outcome, StartDecision, dropped_outcome, interrupted_outcome, now_ms
 from agent_async.logs import job_fields
 from agent_async.outage import OUTAGE_ERRORS, RedisOutage
 from agent_async.registry import JobRegistry
@@ -43,6 +43,8 @@ from agent_async.store import JobStore, ScriptCall, Transition, check_buffers
 __all__ = ["START_REPLY", "Hooks", "JobHandler", "ScheduleTicker"]
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 # When on_job_start could not reach Redis, the job is handed back to the queue for this long.
 _START_FAILED_RETRY_S = 1.0
@@ -140,13 +142,36 @@ class Hooks:
             elif started is not None:
                 ctx[_CTX_DECISION] = self._store.parse_start(started)
             else:
-                ctx[_CTX_DECISION] = await self._store.start(job_id)
+                decision = await self._send_start(job_id)
+                if decision is None:
+                    return
+                ctx[_CTX_DECISION] = decision
         except Exception:
             logger.exception("job %s: could not record STARTED; it goes back to the queue", engine_id)
             return
         decision = ctx[_CTX_DECISION]
         if not decision.run:
             logger.warning("job %s not run: %s", engine_id, decision.reason)
+
+    async def _send_start(self, job_id: str) -> StartDecision | None:
+        """The START transition, sent again while Redis is unreachable: a send whose reply was lost
+        (Redis went down after running it) may have started the job, and only a send with the same
+        start time can tell (lib.lua's start_job). Given up before the first send's lease could
+        run out, after which recovery may settle the job (None: it goes back to the queue)."""
+        started_ms = now_ms()
+        resent = False
+
+        async def send() -> StartDecision:
+            nonlocal resent
+            try:
+                return await self._store.start(job_id, started_ms=started_ms, resent=resent)
+            finally:
+                resent = True
+
+        _, decision = await self._through_outage(
+            f"job {job_id}: its start", send, for_s=self._store.lease_ms / 2000, then="it goes back to the queue"
+        )
+        return decision
 
     def job_entry(self, name: str) -> Callable[[dict[str, Any], dict[str, Any]], Awaitable[None]]:
         """The arq function of one job name: runs the attempt whose start on_job_start recorded."""
@@ -198,26 +223,37 @@ class Hooks:
         Returns False if it gave up: the job is then left to recovery. Sending twice is harmless:
         a terminal state is never overwritten, and arq's finish only deletes.
         """
+        try:
+            sent, _ = await self._through_outage(
+                f"job {job_id}: its outcome", write, for_s=OUTCOME_RETRY_FOR_S, then="it is left to recovery"
+            )
+        except Exception:
+            logger.exception("job %s: its outcome could not be written; recovery will settle it", job_id)
+            return False
+        return sent
+
+    async def _through_outage(
+        self, what: str, send: Callable[[], Awaitable[T]], *, for_s: float, then: str
+    ) -> tuple[bool, T | None]:
+        """`send()`, again with backoff while Redis is unreachable, for `for_s`: (True, its reply),
+        or (False, None) if Redis stayed away (logged with what happens `then`). Any other error
+        is raised."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + OUTCOME_RETRY_FOR_S
+        deadline = loop.time() + for_s
         pause_s = _OUTCOME_PAUSE_MIN_S
         while True:
             try:
-                await write()
+                reply = await send()
             except OUTAGE_ERRORS as exc:
-                self.outage.failed(f"outcome of job {job_id}", exc)
+                self.outage.failed(what, exc)
                 if loop.time() + pause_s > deadline:
-                    logger.error("job %s: Redis unreachable for %.0fs; its outcome is left to recovery",
-                                 job_id, OUTCOME_RETRY_FOR_S)
-                    return False
+                    logger.error("%s: Redis unreachable for %.0fs; %s", what, for_s, then)
+                    return False, None
                 await asyncio.sleep(pause_s)
                 pause_s = min(_OUTCOME_PAUSE_MAX_S, pause_s * 2)
-            except Exception:
-                logger.exception("job %s: its outcome could not be written; recovery will settle it", job_id)
-                return False
             else:
                 self.outage.ok()
-                return True
+                return True, reply
 
     def release(self, engine_id: str) -> None:
         """The fast worker finished this job (outcome written or given up): stop its lease."""
@@ -231,6 +267,10 @@ class Hooks:
         """The claim that also picks up and starts each of this namespace's jobs (pickup.lua)."""
         script, store_args = self._store.starting_in(CLAIM_WITH_PICKUP)
         return Pickup(script, (self._names.engine_job_id(""), *store_args, abort_jobs_ss if aborts else ""))
+
+    @property
+    def leases_key(self) -> str:
+        return self._store.keys.leases
 
     async def hand_back(self, engine_id: str) -> None:
         """Undo the start the claim made for a job that never ran here (its task was cancelled

@@ -163,12 +163,16 @@ class JobStore:
         if outcome == -2:
             raise EnqueueError(f"a key under namespace {self.keys.namespace!r} has the wrong type")
 
-    async def start(self, job_id: str) -> StartDecision:
+    async def start(self, job_id: str, *, started_ms: int | None = None, resent: bool = False) -> StartDecision:
         """PENDING/RETRY -> STARTED, attempts + 1; refuses to start a terminal or unknown job. (The
-        fast worker's claim does the same for the jobs it takes: `starting_in`.)"""
+        fast worker's claim does the same for the jobs it takes: `starting_in`.)
+
+        `resent`: this start was sent before with the same `started_ms`, and its reply was lost;
+        if that send ran, this one answers as it did instead of taking it for a redelivery."""
         now, k = now_ms(), self.keys
         keys = [k.state(job_id), k.active_index, k.leases]
-        call = self._start(keys, [job_id, now, now + self.lease_ms, self.retention_s])
+        at_ms = now if started_ms is None else started_ms
+        call = self._start(keys, [job_id, at_ms, now + self.lease_ms, self.retention_s, "1" if resent else ""])
         return self.parse_start(await run_script(self.redis, call))
 
     def starting_in(self, body: str) -> tuple[LuaScript, tuple[str | int, ...]]:

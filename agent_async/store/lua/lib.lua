@@ -345,11 +345,18 @@ end
 
 -- PENDING/RETRY -> STARTED (start.lua; the fast worker's claim calls it for each job it claims).
 -- Reply: see start.lua.
-local function start_job(state, active, leases, job_id, now, lease_expiry, retention_s)
+local function start_job(state, active, leases, job_id, now, lease_expiry, retention_s, resent)
   local h = redis.call('HMGET', state, 'status', 'user', 'name', 'gate', 'gate_ttl_ms', 'resume', 'max_try',
-                       'attempts', 'cancel_requested_ms', 'updated_ms', 'error')
+                       'attempts', 'cancel_requested_ms', 'updated_ms', 'error', 'started_ms')
   if not h[1] then return {-1} end
   if is_terminal(h[1]) then return {-2, h[1]} end
+  if resent and h[1] == 'STARTED' and tonumber(h[12]) == now then
+    -- This very start, sent again because its reply was lost (the connection dropped after Redis
+    -- ran it): it started, so it is not a redelivery. No other pickup of the job can have started
+    -- it in the same millisecond, since the engine's in-progress key keeps the job to this one.
+    redis.call('ZADD', leases, lease_expiry, job_id)
+    return {tonumber(h[8]), h[2] or '', h[3]}
+  end
   if h[1] == 'STARTED' then
     -- The engine redelivered a run that never finished: its worker was lost.
     if h[9] then
