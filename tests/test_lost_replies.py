@@ -4,11 +4,15 @@ be able to send it again."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
+import pytest
 from redis.asyncio import Redis
 
 from agent_async import Agent, ClientAgent, testing
+from agent_async.engine.claim import CLAIM_WITH_PICKUP
+from agent_async.engine.finish import FINISH_BATCH
 from agent_async.lifecycle import JobStatus
 from tests.conftest import REDIS_URL
 from tests.jobs import NotResumable, runs_key
@@ -59,3 +63,28 @@ async def test_the_stock_worker_runs_a_job_once_when_its_start_reply_is_lost(
     assert state.result == {"runs": 1}
     assert await redis.hget(runs_key(namespace), job_id) == b"1"
 
+
+@pytest.mark.parametrize("lost", ["claim", "finish"])
+async def test_the_fast_worker_hands_back_the_jobs_of_a_claim_whose_reply_was_lost(
+    agent: Agent, client: ClientAgent, redis: Redis, namespace: str, lost: str
+) -> None:
+    """The fast worker's claim starts the jobs it takes (pickup.lua). The reply of one claim is
+    lost: of the loop's own claim call ("claim"), or of a finish call, which also claims jobs for
+    the slot it frees ("finish", one slot). The jobs it took were started and are run by no one:
+    the worker finds them by the call's mark and hands them back; each then runs once. (Before,
+    they sat out their lease and ended FAILURE, WorkerLost, though they never ran.)"""
+    ids = [await client.enqueue(NotResumable()) for _ in range(3)]  # its concurrency limit
+    body = CLAIM_WITH_PICKUP if lost == "claim" else FINISH_BATCH
+    script = (agent.job_store.starting_in if lost == "claim" else agent.job_store.ending_in)(body)[0]
+    await redis.script_load(script.source)  # the lost reply is a run's, not NOSCRIPT's
+    async with reply_losing_proxy(REDIS_URL) as proxy:
+        proxy.lose_reply_to(script.sha.encode())
+        # A lease far longer than the test: only the hand-back can bring the jobs back in time.
+        settings = dataclasses.replace(agent.settings, redis_url=proxy.url, lease_s=600.0)
+        async with Agent(settings) as through_proxy:
+            async with asyncio.timeout(30):  # before the hand-back, the drain waited out the lease
+                await testing.drain(through_proxy, max_jobs=1 if lost == "finish" else 10)
+    assert proxy.lost == 1
+    states = [await client.get_state(job_id) for job_id in ids]
+    assert [(s.status, s.error, s.attempts) for s in states if s is not None] == [(JobStatus.SUCCESS, None, 1)] * 3
+    assert {k.decode(): int(v) for k, v in (await redis.hgetall(runs_key(namespace))).items()} == dict.fromkeys(ids, 1)

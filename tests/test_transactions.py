@@ -21,7 +21,15 @@ from arq.constants import abort_jobs_ss
 from redis.asyncio import Redis
 
 from agent_async import Agent, AgentSettings, ClientAgent, ConfigurationError, JobStatus
-from agent_async.engine.claim import CLAIM_WITH_PICKUP, SERVER_NOW, Claimed, Pickup, claim_call, parse_claim
+from agent_async.engine.claim import (
+    CLAIM_WITH_PICKUP,
+    SERVER_NOW,
+    Claimed,
+    Pickup,
+    claim_call,
+    claim_in_finish,
+    parse_claim,
+)
 from agent_async.engine.finish import FINISH_BATCH, Finisher, FinishError, RunEnd
 from agent_async.engine.wakeup import Waker
 from agent_async.engine.worker import FastWorker
@@ -106,12 +114,17 @@ class Claims:
 
     def __init__(self, agent: Agent, wanted: int) -> None:
         pickup = pickup_for(agent)
-        self.args = (10_000, "arq:in-progress:", 100, *pickup.args[:-1], "")
+        without_aborts = Pickup(pickup.script, (*pickup.args[:-1], ""))
+        _, self.args = claim_in_finish(wanted, ttl_ms=10_000, read_limit=100, pickup=without_aborts)
         self.wanted = wanted
         self.replies: list[tuple[Claimed, list[str]]] = []
+        self.unanswered_args: list[tuple[str | int, ...]] = []
 
     def claim_for(self, runs: Sequence[str]) -> tuple[int, tuple[str | int, ...]]:
         return self.wanted, self.args
+
+    def unanswered(self, claim_args: tuple[str | int, ...]) -> None:
+        self.unanswered_args.append(claim_args)
 
     def claimed(self, reply: Any, runs: Sequence[str]) -> None:
         self.replies.append((parse_claim(reply), list(runs)))

@@ -15,8 +15,8 @@ from agent_async.lifecycle import now_ms
 from agent_async.store import LuaScript, ScriptCall, lua_source
 
 __all__ = [
-    "CLAIM_LIB", "CLAIM_WITH_PICKUP", "ENGINE_LUA", "PICKUP_LIB", "SERVER_NOW", "Claimed", "PickedUp", "Pickup",
-    "claim_call", "claim_in_finish", "next_wait", "parse_claim",
+    "ARQ_MARK", "CLAIM_LIB", "CLAIM_WITH_PICKUP", "ENGINE_LUA", "PICKUP_LIB", "SERVER_NOW", "Claimed", "PickedUp",
+    "Pickup", "claim_call", "claim_in_finish", "mark_in_finish", "next_wait", "parse_claim",
 ]
 
 # The engine's Lua library (queue.lua), its constants filled in from wire.py.
@@ -43,6 +43,8 @@ _CLAIM_BATCH = LuaScript(
 # claim_batch.lua's first reply element, when it is not the score of the next deferred job.
 _MORE_DUE = -1
 _READ_LIMIT_FULL = -2
+# What arq writes in a job's in-progress key, and the mark of a claim made without a name of its own.
+ARQ_MARK = "1"
 # The time argument that makes the script read Redis's clock when it runs (a claim sent before a
 # blocking wait runs only when the wait ends).
 SERVER_NOW = "now"
@@ -84,20 +86,28 @@ class Pickup:
 
 def claim_call(
     queue: str, wake_key: str, *, wanted: int, ttl_ms: int, read_limit: int, at: int | str | None = None,
-    pickup: Pickup | None = None,
+    pickup: Pickup | None = None, mark: str = ARQ_MARK,
 ) -> ScriptCall:
     """The claim of up to `wanted` due jobs, due as of `at` (now by default; SERVER_NOW: Redis's
-    clock when the script runs); with `pickup`, each of this namespace's jobs is picked up too."""
-    args = [now_ms() if at is None else at, ttl_ms, in_progress_key_prefix, wanted, read_limit]
+    clock when the script runs); with `pickup`, each of this namespace's jobs is picked up too.
+    Their in-progress keys hold `mark` (engine/lost_claims.py)."""
+    args = [now_ms() if at is None else at, ttl_ms, in_progress_key_prefix, mark, wanted, read_limit]
     if pickup is None:
         return _CLAIM_BATCH([queue, wake_key], args)
     return pickup.script([queue, wake_key], [*args, *pickup.args])
 
 
-def claim_in_finish(wanted: int, *, ttl_ms: int, read_limit: int, pickup: Pickup) -> tuple[int, tuple[str | int, ...]]:
+def claim_in_finish(
+    wanted: int, *, ttl_ms: int, read_limit: int, pickup: Pickup, mark: str = ARQ_MARK
+) -> tuple[int, tuple[str | int, ...]]:
     """The claim a finish call makes (finish_batch.lua's arguments after the runs): `wanted` jobs,
     claimed and picked up as `claim_call` does (`pickup`'s arguments)."""
-    return wanted, (ttl_ms, in_progress_key_prefix, read_limit, *pickup.args)
+    return wanted, (ttl_ms, in_progress_key_prefix, mark, read_limit, *pickup.args)
+
+
+def mark_in_finish(claim_args: Sequence[str | int]) -> str:
+    """The mark of a claim made with a finish (`claim_in_finish`'s arguments)."""
+    return str(claim_args[2])
 
 
 def parse_claim(reply: Sequence[Any]) -> Claimed:

@@ -19,6 +19,7 @@ run's, and each is sent again by its caller.
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -29,10 +30,13 @@ from redis.asyncio import Redis
 from agent_async.engine.claim import CLAIM_LIB, PICKUP_LIB
 from agent_async.errors import AgentError
 from agent_async.lifecycle import now_ms
+from agent_async.outage import OUTAGE_ERRORS
 from agent_async.store import LuaScript, Transition, codec, lua_source, run_script
 from agent_async.store.group_commit import GroupCommit, GroupStats
 
 __all__ = ["FINISH_BATCH", "MAX_BATCH", "FinishClaims", "FinishError", "Finisher", "RunEnd", "linger_while_running"]
+
+logger = logging.getLogger(__name__)
 
 # Runs per call at most: Redis serves no one else while a script runs, and ending a run costs it
 # some 20 µs: a call stays well under a millisecond.
@@ -55,6 +59,10 @@ class FinishClaims(Protocol):
     def claim_for(self, runs: Sequence[str]) -> tuple[int, tuple[str | int, ...]]:
         """How many due jobs to claim with the finish of these runs (engine job ids; 0: none), and
         the claim's arguments after that count (finish_batch.lua's)."""
+        ...
+
+    def unanswered(self, claim_args: tuple[str | int, ...]) -> None:
+        """The call with this claim failed with an outage error: it may have claimed jobs."""
         ...
 
     def claimed(self, reply: Any, runs: Sequence[str]) -> None:
@@ -128,6 +136,14 @@ class Finisher:
     def stats(self) -> GroupStats:
         return self._group.stats
 
+    def log_stats(self, *, claimed_with_them: int) -> None:
+        stats = self._group.stats
+        if stats.sends:
+            logger.info(
+                "group commit: %d finishes in %d script calls (largest %d, longest wait %.1f ms); %d jobs claimed "
+                "with them", stats.items, stats.sends, stats.largest, stats.longest_wait_ms, claimed_with_them,
+            )
+
     async def finish(self, end: RunEnd) -> None:
         """Write one run's finish (with whatever others are ready). Raises FinishError if Redis
         refused its transition, or the error of the whole send (Redis unreachable, ...)."""
@@ -138,7 +154,12 @@ class Finisher:
         engine_ids = [end.engine_id for end in ends]
         wanted, claim_args = self._claims.claim_for(engine_ids) if self._claims is not None else (0, ())
         argv = (now_ms(), *self._store_args, runs, wanted, *claim_args)
-        replies, claimed = await run_script(self._pool(), self.script(self._keys, argv))
+        try:
+            replies, claimed = await run_script(self._pool(), self.script(self._keys, argv))
+        except OUTAGE_ERRORS:
+            if wanted and self._claims is not None:
+                self._claims.unanswered(claim_args)
+            raise
         if claimed is not None and self._claims is not None:
             self._claims.claimed(claimed, engine_ids)
         return [

@@ -13,24 +13,26 @@ from contextvars import ContextVar
 from typing import Any, cast
 
 from arq.connections import ArqRedis
-from arq.constants import in_progress_key_prefix
 from redis.exceptions import NoScriptError, RedisError
 
 from agent_async.engine.claim import (
+    ARQ_MARK,
     SERVER_NOW,
     Claimed,
     PickedUp,
     claim_call,
     claim_in_finish,
+    mark_in_finish,
     next_wait,
     parse_claim,
 )
 from agent_async.engine.direct import DirectRun
 from agent_async.engine.finish import RunEnd, linger_while_running
+from agent_async.engine.hand_backs import HandBacks
 from agent_async.engine.hooks import CTX_COMMIT_IN_FINISH, START_REPLY, Hooks
 from agent_async.engine.stoppable import StoppableWorker
 from agent_async.engine.transactions import PoolWithPickup, PoolWithScript
-from agent_async.engine.wakeup import Idle, Wait, Waker, give_back_claim, wait_set
+from agent_async.engine.wakeup import Idle, Wait, Waker, wait_set
 from agent_async.engine.wire import EngineNames
 from agent_async.store import ScriptCall, run_script
 
@@ -104,12 +106,15 @@ class FastWorker(StoppableWorker, DirectRun):
         # What the claims picked up, until each job's run_job takes its own (see run_job).
         self._pickup = hooks.claim_pickup(aborts=self.allow_abort_jobs)
         self._picked: dict[str, PickedUp] = {}
-        self._hand_backs: set[asyncio.Task[None]] = set()
+        self._hand_backs = HandBacks(pool=lambda: cast(ArqRedis, self._pool), undo_start=hooks.hand_back, names=names,
+                                     leases_key=hooks.leases_key)
         self._on_shutdown, self.on_shutdown = self.on_shutdown, self._on_shutdown_after_hand_backs
 
     async def _poll_iteration(self) -> None:
         """arq's iteration, with the claims as one script per batch and, with push wake-up, the
         wait for work at its start (arq sleeps poll_delay between iterations instead)."""
+        if self._hand_backs.pending:
+            await self._hand_backs.give_back_lost()
         wait, self._wait = self._wait, None
         claimed = await self._wait_for_work(wait) if wait is not None else None
         if claimed is not None:
@@ -137,17 +142,19 @@ class FastWorker(StoppableWorker, DirectRun):
                 del self.tasks[job_id]
                 task.result()  # arq's way of letting an error in run_job end the loop
 
-    def _claim_call(self, free: int, at: int | str | None = None) -> ScriptCall:
+    def _claim_call(self, free: int, at: int | str | None = None, mark: str = ARQ_MARK) -> ScriptCall:
         return claim_call(
             self.queue_name, self._names.wake_key, wanted=free, ttl_ms=self._claim_ttl_ms,
-            read_limit=self.queue_read_limit, at=at, pickup=self._pickup,
+            read_limit=self.queue_read_limit, at=at, pickup=self._pickup, mark=mark,
         )
 
     async def _claim(self, free: int) -> Wait | None:
         """Claim up to `free` due jobs in one call and start them; say what to wait for next."""
         if free < 1:
             return Wait(Idle.SLOT)
-        return await self._start(parse_claim(await run_script(self.pool, self._claim_call(free))))
+        with self._hand_backs.sending() as mark:
+            reply = await run_script(self.pool, self._claim_call(free, mark=mark))
+        return await self._start(parse_claim(reply))
 
     async def _start(self, claimed: Claimed) -> Wait | None:
         self._picked.update(claimed.picked)
@@ -192,7 +199,10 @@ class FastWorker(StoppableWorker, DirectRun):
         if self._taking_no_jobs or (self.burst and self.max_burst_jobs >= 0):
             return 0, ()
         return claim_in_finish(len(runs), ttl_ms=self._claim_ttl_ms, read_limit=self.queue_read_limit,
-                               pickup=self._pickup)
+                               pickup=self._pickup, mark=self._hand_backs.mark())
+
+    def unanswered(self, claim_args: tuple[str | int, ...]) -> None:
+        self._hand_backs.lost(mark_in_finish(claim_args))
 
     def claimed(self, reply: Any, runs: Sequence[str]) -> None:
         """The jobs a finish claimed, each to run in the slot of a run as its task ends (called
@@ -211,25 +221,17 @@ class FastWorker(StoppableWorker, DirectRun):
         return self._closing or self.stopping.is_set() or not self.allow_pick_jobs
 
     def _give_back(self, job_id: str) -> None:
-        """A claimed job nothing here will run: back to the queue, as it was (_hand_back)."""
+        """A claimed job nothing here will run: back to the queue, as it was (engine/hand_backs.py)."""
         self._picked.pop(job_id, None)
-        self._hand_backs.add(self.loop.create_task(self._hand_back(job_id)))
+        self._hand_backs.give_back(job_id)
 
     def _hand_back_slot_waiters(self) -> None:
         """A stop came between a finish's claim and the slots its jobs waited for."""
         while self._slot_waiters:
             self._give_back(self._slot_waiters.popleft()[0])
 
-    async def _hand_back(self, job_id: str) -> None:
-        try:
-            await self._hooks.hand_back(job_id)
-            await give_back_claim(cast(ArqRedis, self._pool), in_progress_key_prefix + job_id, self._names.wake_key)
-        except Exception as exc:  # the lease runs out and recovery settles it
-            logger.warning("job %s was claimed but never ran; handing it back failed: %r", job_id, exc)
-
     async def _on_shutdown_after_hand_backs(self, ctx: dict[str, Any]) -> None:
-        if self._hand_backs:
-            await asyncio.gather(*self._hand_backs)
+        await self._hand_backs.wait()
         if self._on_shutdown is not None:
             await self._on_shutdown(ctx)
 
@@ -268,8 +270,9 @@ class FastWorker(StoppableWorker, DirectRun):
             await asyncio.sleep(0)
             # Slots only free up during the wait: the claim may take fewer than it could, never more.
             free = self.max_jobs - self.job_counter
-            then = self._claim_call(free, SERVER_NOW) if free > 0 and self.allow_pick_jobs else None
-            woken = await self._waker.wait(timeout_s, on_time=on_time, then=then)
+            with self._hand_backs.sending() as mark:
+                then = self._claim_call(free, SERVER_NOW, mark) if free > 0 and self.allow_pick_jobs else None
+                woken = await self._waker.wait(timeout_s, on_time=on_time, then=then)
             if woken.then is not None:
                 return parse_claim(woken.then)
         return None
@@ -303,12 +306,8 @@ class FastWorker(StoppableWorker, DirectRun):
                     self._give_back(job_id)
             self._waker.salvaged.clear()
         self._hand_back_slot_waiters()
-        if self.finisher.stats.sends:
-            stats = self.finisher.stats
-            logger.info(
-                "group commit: %d finishes in %d script calls (largest %d, longest wait %.1f ms); %d jobs claimed "
-                "with them", stats.items, stats.sends, stats.largest, stats.longest_wait_ms, self.claimed_with_finishes,
-            )
+        await self._hand_backs.give_back_lost_at_close()
+        self.finisher.log_stats(claimed_with_them=self.claimed_with_finishes)
         await super().close()
 
     @property

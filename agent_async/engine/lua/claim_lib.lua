@@ -1,18 +1,20 @@
 -- claim_lib: the batch claim as a function, for the claim script (claim_batch.lua) and for the
 -- finish of runs, which claims jobs for the slots its runs free (finish_batch.lua). Loaded after
 -- queue.lua and pickup.lua (or no_pickup.lua).
--- claim(queue, wake list, now ms, in-progress ttl ms, in-progress key prefix, jobs wanted, read
--- limit, idle) claims up to `wanted` due jobs (arq's claim of each: not in progress, due, then
+-- claim(queue, wake list, now ms, in-progress ttl ms, in-progress key prefix, mark, jobs wanted,
+-- read limit, idle) claims up to `wanted` due jobs (arq's claim of each: not in progress, due, then
 -- marked in progress; arq spends four round trips per job on it), picks them up (pickup_all), and,
 -- for a worker that will go idle if it found fewer (`idle`), drops the stale wake-up tokens and
 -- tells it how long it may wait. A claim for a busy worker's freed slots (the finish's) leaves the
--- tokens alone: an idle worker may still need them, for a job due later.
+-- tokens alone: an idle worker may still need them, for a job due later. Each job's in-progress
+-- key holds `mark` (arq writes '1', and only ever tests the key's existence): the worker's name for
+-- this claim call, by which it finds the jobs of a call whose reply it never got (lost_claims.lua).
 -- Reply: {next, engine id, score, pickup, engine id, score, pickup, ...} (pickup: pickup_all's,
 --        nil for a job arq picks up itself). next: -1 the batch is full and more due
 --        jobs may wait; -2 the read limit was all jobs claimed elsewhere (poll again soon);
 --        otherwise the score of the next deferred job, 0 if there is none.
 
-local function claim(queue, wake, now, ttl_ms, prefix, wanted, limit, idle)
+local function claim(queue, wake, now, ttl_ms, prefix, mark, wanted, limit, idle)
   local ids, scores = {}, {}
   local claimed = 0
   -- Read the queue a page at a time, by rank (lowest score first: the due jobs, then the deferred
@@ -40,7 +42,7 @@ local function claim(queue, wake, now, ttl_ms, prefix, wanted, limit, idle)
     while i < last and claimed < wanted do
       if not held[k] then
         -- arq's EXISTS then PSETEX, in one call (the script is atomic: what MGET saw holds).
-        redis.call('SET', claim_keys[k], '1', 'PX', ttl_ms)
+        redis.call('SET', claim_keys[k], mark, 'PX', ttl_ms)
         claimed = claimed + 1
         ids[claimed] = entries[i]
         scores[claimed] = entries[i + 1]

@@ -13,7 +13,7 @@
 --       [engine id, job id ('' for no outcome), new status, result JSON, error, undo a start ('1'|''),
 --        done (1|0), queued again: its score's increment ms (0: due now; -1: not queued again)],
 --       then jobs to claim (0: none) and, when some: in-progress ttl ms, in-progress key prefix,
---       read limit, then the pickup's (pickup.lua's pickup_setup)
+--       the claim's mark, read limit, then the pickup's (pickup.lua's pickup_setup)
 -- Reply: {per run, 1 (0 if its transition found the state already terminal or gone), or the text
 --        of the Redis error its transition raised (arq's part of that run was done all the same,
 --        as in a MULTI/EXEC: the reconciler settles the state); the claim's reply, or nil}
@@ -52,8 +52,8 @@ end
 if requeued then engine_wake(queue) end
 local wanted, claimed = tonumber(ARGV[7]), false
 if wanted > 0 then
-  pickup_setup(ARGV, 11)
-  claimed = claim(queue, wake, tonumber(now), ARGV[8], ARGV[9], wanted, tonumber(ARGV[10]), false)
+  pickup_setup(ARGV, 12)
+  claimed = claim(queue, wake, tonumber(now), ARGV[8], ARGV[9], ARGV[10], wanted, tonumber(ARGV[11]), false)
 end
 batch_end()
 return {replies, claimed}
