@@ -229,7 +229,7 @@ async def test_a_busy_worker_claims_with_its_finishes_and_runs_each_job_once(
     settings = AgentSettings(
         redis_url=private_redis.url, namespace=namespace, database_url=f"sqlite+aiosqlite:///{tmp_path}/a.db",
     )
-    caplog.set_level(logging.INFO, logger="agent_async.engine.worker")
+    caplog.set_level(logging.INFO, logger="agent_async.engine.finish")  # the group commit's line
     real_claimed = FastWorker.claimed
     table_sizes: list[int] = []
 
@@ -302,6 +302,57 @@ async def test_a_retry_is_queued_again_later_and_wakes_an_idle_worker(
     assert await redis.llen(names.wake_key) == 1
     assert await redis.zscore(agent.keys.leases, job_id) is None
     assert await redis.zscore(agent.keys.active_index, job_id) is not None
+
+
+async def test_a_retrys_finish_sent_again_after_its_reply_was_lost_leaves_the_next_attempt_alone(
+    agent: Agent, client: ClientAgent, redis: Redis
+) -> None:
+    """The finish of a retry ran, its reply was lost, and it is sent again (the worker holds the
+    outcome until Redis answers) after the retry was claimed and its next attempt started. The
+    second send is a no-op: the next attempt stays STARTED with its lease, its claim and its place
+    in the queue (before, it was moved back to RETRY, its claim dropped and its score pushed again:
+    a second worker could run it at the same time). A resend that finds the retry still queued
+    changes nothing either."""
+    [engine_id] = await claimed_runs(agent, client, redis, 1)
+    names = agent.engine.names
+    job_id = names.job_id(engine_id) or ""
+    finisher = finisher_for(agent, redis)
+    retry = agent.job_store.transition_of(job_id, JobStatus.RETRY, error="ValueError: later", attempt=1)
+    end = RunEnd(engine_id, retry, done=False, requeue_ms=5_000)
+    await finisher.finish(end)
+    queued_score = await redis.zscore(names.queue, engine_id)
+    await finisher.finish(end)  # still queued for its retry: nothing moves
+    state = await agent.job_store.get(job_id)
+    assert state is not None and (state.status, state.attempts) == (JobStatus.RETRY, 1)
+    assert await redis.zscore(names.queue, engine_id) == queued_score
+    # The retry is claimed and started (attempt 2), as a worker's claim does it.
+    await redis.set(f"arq:in-progress:{engine_id}", "next-claim", px=10_000)
+    assert (await agent.job_store.start(job_id)).attempts == 2
+    await finisher.finish(end)
+    state = await agent.job_store.get(job_id)
+    assert state is not None and (state.status, state.attempts) == (JobStatus.STARTED, 2)
+    assert await redis.get(f"arq:in-progress:{engine_id}") == b"next-claim"
+    assert await redis.zscore(names.queue, engine_id) == queued_score
+    assert await redis.zscore(agent.keys.leases, job_id) is not None
+
+
+async def test_a_transition_for_an_attempt_that_is_over_is_refused_as_stale(
+    agent: Agent, client: ClientAgent
+) -> None:
+    """The stock Worker's outcome write, sent again: a move that is not an end (a retry, a
+    hand-back) for attempt 1 does not touch attempt 2's run; an end is still written once."""
+    store = agent.job_store
+    job_id = await client.enqueue(Echo(text="x"))
+    await store.start(job_id)
+    await store.run(store.call_for(store.transition_of(job_id, JobStatus.RETRY, error="E: x", attempt=1)))
+    await store.start(job_id)
+    stale = store.call_for(store.transition_of(job_id, JobStatus.RETRY, error="E: x", attempt=1))
+    assert await store.run(stale) == -1
+    state = await store.get(job_id)
+    assert state is not None and (state.status, state.attempts) == (JobStatus.STARTED, 2)
+    assert await store.run(store.call_for(store.transition_of(job_id, JobStatus.SUCCESS, attempt=2))) == 1
+    state = await store.get(job_id)
+    assert state is not None and state.status is JobStatus.SUCCESS
 
 
 async def test_a_run_left_queued_keeps_its_place_and_only_its_claim_goes(
@@ -394,7 +445,7 @@ def private_settings(
 ) -> AgentSettings:
     """Settings on the test's own redis-server, with the worker's INFO lines (its group commit
     figures at stop) captured."""
-    caplog.set_level(logging.INFO, logger="agent_async.engine.worker")
+    caplog.set_level(logging.INFO, logger="agent_async.engine.finish")  # the group commit's line
     return AgentSettings(
         redis_url=private_redis.url, namespace=namespace, database_url=f"sqlite+aiosqlite:///{tmp_path}/a.db",
         **overrides,

@@ -102,7 +102,7 @@ class RunEnd:
 
     def texts(self) -> list[Any]:
         """finish_batch.lua's entry for this run."""
-        outcome = self.transition.texts() if self.transition else ["", "", "", "", ""]
+        outcome = self.transition.texts() if self.transition else ["", "", "", "", "", 0]
         requeue = _NOT_REQUEUED if self.requeue_ms is None or self.done else max(0, self.requeue_ms)
         return [self.engine_id, *outcome, 1 if self.done else 0, requeue]
 

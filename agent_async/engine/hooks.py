@@ -204,7 +204,9 @@ class Hooks:
         if outcome is None:
             # arq cancelled the attempt itself: a worker shutdown past its drain time.
             outcome = interrupted_outcome(self._registry.request(decision.name), decision.attempts)
-        transition = self._store.transition_of(job_id, outcome.status, result=outcome.result, error=outcome.error)
+        transition = self._store.transition_of(
+            job_id, outcome.status, result=outcome.result, error=outcome.error, attempt=decision.attempts
+        )
         if ctx.get(CTX_COMMIT_IN_FINISH):
             # The fast worker sends it with arq's finish of the run, then releases the job.
             self._commits[ctx["job_id"]] = transition

@@ -204,7 +204,7 @@ class JobStore:
         """
         call = self.call_for(self.transition_of(job_id, status, result=result, error=error))
         with _reachable(f"update job {job_id}"):
-            return bool(await run_script(self.redis, call))
+            return bool(await run_script(self.redis, call) == 1)
 
     async def run(self, call: ScriptCall) -> object:
         """Send a call built earlier (see `call_for`) on its own."""
@@ -218,17 +218,21 @@ class JobStore:
         result: dict[str, object] | None = None,
         error: str | None = None,
         undo_start: bool = False,
+        attempt: int = 0,
     ) -> Transition:
         """The transition `transition` makes, as a value (its result encoded now), to be written
-        later: alone (`call_for`) or with the engine's finish of its run."""
-        return Transition(job_id, status, "" if result is None else codec.dumps(result), error or "", undo_start)
+        later: alone (`call_for`) or with the engine's finish of its run (`attempt`: see Transition)."""
+        return Transition(
+            job_id, status, "" if result is None else codec.dumps(result), error or "", undo_start, attempt
+        )
 
     def call_for(self, transition: Transition) -> ScriptCall:
         """A transition as its own script call (transition.lua), stamped with the time now."""
         t = transition
         return self._transition(
             [self.keys.state(t.job_id), self.keys.active_index, self.keys.leases],
-            [t.job_id, t.status.value, now_ms(), self.retention_s, t.result, t.error, "1" if t.undo_start else ""],
+            [t.job_id, t.status.value, now_ms(), self.retention_s, t.result, t.error, "1" if t.undo_start else "",
+             t.attempt],
         )
 
     def ending_in(self, body: str) -> tuple[LuaScript, tuple[str | int, ...]]:

@@ -81,7 +81,10 @@ class Transition:
     error: str = ""
     # The start never ran (marked STARTED by a pickup, then dropped by the engine): undo its count.
     undo_start: bool = False
+    # The attempt whose run this ends (0: any): a move to a status that is not an end happens only
+    # while that attempt runs, so that one sent again after its reply was lost is a no-op.
+    attempt: int = 0
 
-    def texts(self) -> list[str]:
+    def texts(self) -> list[str | int]:
         """What a script that makes many transitions reads for this one (after the job's own fields)."""
-        return [self.job_id, self.status.value, self.result, self.error, "1" if self.undo_start else ""]
+        return [self.job_id, self.status.value, self.result, self.error, "1" if self.undo_start else "", self.attempt]

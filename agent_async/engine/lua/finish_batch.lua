@@ -11,10 +11,13 @@
 -- KEYS: queue, arq's abort set ('' when aborts are off: nothing reads it then), wake list
 -- ARGV: now ms, state key prefix, active index, leases, retention s, then a JSON list of runs:
 --       [engine id, job id ('' for no outcome), new status, result JSON, error, undo a start ('1'|''),
---        done (1|0), queued again: its score's increment ms (0: due now; -1: not queued again)],
+--        the attempt it ends (0: any), done (1|0), queued again: its score's increment ms (0: due
+--        now; -1: not queued again)],
 --       then jobs to claim (0: none) and, when some: in-progress ttl ms, in-progress key prefix,
 --       the claim's mark, read limit, then the pickup's (pickup.lua's pickup_setup)
--- Reply: {per run, 1 (0 if its transition found the state already terminal or gone), or the text
+-- Reply: {per run, 1 (0 if its transition found the state already terminal or gone; -1 if its
+--        attempt was over: a finish sent again after its reply was lost, arq's part then left
+--        alone, since the first send did it and the job may be running again), or the text
 --        of the Redis error its transition raised (arq's part of that run was done all the same,
 --        as in a MULTI/EXEC: the reconciler settles the state); the claim's reply, or nil}
 
@@ -29,19 +32,22 @@ for i, run in ipairs(cjson.decode(ARGV[6])) do
   local reply = 1
   if job_id ~= '' then
     local ok, moved = pcall(transition_job, state_prefix .. job_id, active, leases, job_id, run[3], now,
-                            retention_s, run[4], run[5], run[6] == '1')
+                            retention_s, run[4], run[5], run[6] == '1', tonumber(run[7]))
     reply = ok and moved or error_text(moved)
   end
   replies[i] = reply
-  dels[#dels + 1] = '@IN_PROGRESS_PREFIX@' .. engine_id
-  if run[7] == 1 then
-    dels[#dels + 1] = '@RETRY_PREFIX@' .. engine_id
-    dels[#dels + 1] = engine_job_key(engine_id)
-    done[#done + 1] = engine_id
-  elseif run[8] >= 0 then
-    -- Queued again (a retry): due now, or later by its increment; an idle worker wakes for it.
-    if run[8] > 0 then redis.call('ZINCRBY', queue, run[8], engine_id) end
-    requeued = true
+  -- A stale run's claim and queue entry may be the next attempt's now: arq's part is left alone.
+  if reply ~= STALE then
+    dels[#dels + 1] = '@IN_PROGRESS_PREFIX@' .. engine_id
+    if run[8] == 1 then
+      dels[#dels + 1] = '@RETRY_PREFIX@' .. engine_id
+      dels[#dels + 1] = engine_job_key(engine_id)
+      done[#done + 1] = engine_id
+    elseif run[9] >= 0 then
+      -- Queued again (a retry): due now, or later by its increment; an idle worker wakes for it.
+      if run[9] > 0 then redis.call('ZINCRBY', queue, run[9], engine_id) end
+      requeued = true
+    end
   end
 end
 variadic('DEL', nil, dels)

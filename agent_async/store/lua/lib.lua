@@ -261,6 +261,8 @@ end
 
 -- The fields end_job reads, in its order; a script that read them already passes them (`known`).
 local END_FIELDS = {'gate', 'group', 'name', 'status', 'started_ms', 'user', 'attempts', 'error'}
+-- transition_job's reply for a move whose attempt is over.
+local STALE = -1
 
 -- `by` more ends of one job name and status in the hour's counts (the dashboard's throughput).
 -- The hour's hash gets its expiry with its first count of each kind (not at every count); the
@@ -392,12 +394,20 @@ end
 
 -- Moves a non-terminal state to a new status (transition.lua; the fast worker's finish_batch.lua
 -- for each run it finishes); a terminal state is never overwritten. `undo`: the start never ran
--- (marked STARTED by a pickup, then dropped by the engine). Returns 1 if it moved, else 0.
-local function transition_job(state, active, leases, job_id, new_status, now, retention_s, result, err, undo)
+-- (marked STARTED by a pickup, then dropped by the engine). `attempt` (0: any): the attempt whose
+-- run this ends; a move to a status that is not an end (a retry, a hand-back) happens only while
+-- that attempt runs. Returns 1 if it moved, 0 if the state is terminal or gone, -1 if that attempt
+-- is over (STALE).
+local function transition_job(state, active, leases, job_id, new_status, now, retention_s, result, err, undo, attempt)
   -- end_job's read, done here: one HMGET for both (kept in step with the changes below).
   local h = redis.call('HMGET', state, unpack(END_FIELDS))
   local current = h[4]
   if not current or is_terminal(current) then return 0 end
+  if attempt > 0 and not is_terminal(new_status) and (current ~= 'STARTED' or tonumber(h[7]) ~= attempt) then
+    -- Sent again after its reply was lost, the first send having queued the job again (or
+    -- recovery having done so): it must not move the job back, nor the next attempt's run.
+    return STALE
+  end
   if err == '' and h[8] then redis.call('HDEL', state, 'error'); h[8] = false end
   if undo and current == 'STARTED' then
     h[7] = redis.call('HINCRBY', state, 'attempts', -1)
