@@ -90,7 +90,7 @@ def claim_call(
 ) -> ScriptCall:
     """The claim of up to `wanted` due jobs, due as of `at` (now by default; SERVER_NOW: Redis's
     clock when the script runs); with `pickup`, each of this namespace's jobs is picked up too.
-    Their in-progress keys hold `mark` (engine/lost_claims.py)."""
+    Their in-progress keys hold `mark` (engine/hand_backs.py)."""
     args = [now_ms() if at is None else at, ttl_ms, in_progress_key_prefix, mark, wanted, read_limit]
     if pickup is None:
         return _CLAIM_BATCH([queue, wake_key], args)

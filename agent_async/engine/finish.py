@@ -137,6 +137,7 @@ class Finisher:
         return self._group.stats
 
     def log_stats(self, *, claimed_with_them: int) -> None:
+        """One line, as the worker stops, on how its finishes went out together."""
         stats = self._group.stats
         if stats.sends:
             logger.info(

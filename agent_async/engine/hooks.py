@@ -223,7 +223,8 @@ class Hooks:
         holds the outcome and keeps the job's lease renewed meanwhile), for OUTCOME_RETRY_FOR_S.
 
         Returns False if it gave up: the job is then left to recovery. Sending twice is harmless:
-        a terminal state is never overwritten, and arq's finish only deletes.
+        a terminal state is never overwritten, a move that is not an end is refused once its
+        attempt is over (lib.lua's transition_job, STALE), and arq's finish only deletes.
         """
         try:
             sent, _ = await self._through_outage(
