@@ -67,7 +67,7 @@ class Agent:
         self.job_store = JobStore(
             keys=self.keys, retention_s=settings.state_retention_s, lease_ms=int(settings.lease_s * 1000),
             engine_lua=STORE_LUA, engine_queue=engine_queue(settings.namespace), events=settings.events_enabled,
-            metrics=settings.metrics_enabled,
+            metrics=settings.metrics_enabled, enqueue_resend_s=settings.enqueue_resend_s,
         )
         # One outage report per process, whichever loop meets it first.
         outage = RedisOutage()

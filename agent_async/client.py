@@ -70,8 +70,11 @@ class ClientAgent:
 
         Raises RequestRefusedError (JOB_CONCURRENT_LIMIT) when the request's max_concurrent jobs
         are already in flight for this user (or globally without a user), RequestRefusedError
-        (JOB_PAYLOAD_INVALID) when the payload is not JSON, QueueUnavailableError when Redis is
-        down and EnqueueError when Redis refuses; in every case nothing was written.
+        (JOB_PAYLOAD_INVALID) when the payload is not JSON and EnqueueError when Redis refuses: in
+        each case nothing was written. While Redis is unreachable the enqueue is sent again for
+        `AgentSettings.enqueue_resend_s` (a send whose reply was lost is recognised: the job is
+        queued once), then QueueUnavailableError: nothing was written, unless by a send whose reply
+        was lost; its `job_id` says which job to look for.
         """
         state = await self.agent.create_job(request, user_uid=user_uid, defer_s=defer_s)
         return state.job_id
@@ -83,11 +86,12 @@ class ClientAgent:
 
         Each job is queued exactly as `enqueue` would (its own gate check, all or nothing for that
         job): a refusal (RequestRefusedError's codes: concurrency limit, payload not JSON) is its
-        result, not an exception. QueueUnavailableError when Redis is down, EnqueueError when it
-        refuses a round trip: then no job of it, or after it, was queued (earlier ones were). A job
-        that Redis refuses alone (a duplicate id, a key of the wrong type) raises BatchEnqueueError
-        (an EnqueueError): the jobs before it were queued (its `results` say which), it and those
-        after it were not.
+        result, not an exception. Each round trip is sent again while Redis is unreachable, as
+        `enqueue` is. QueueUnavailableError when Redis stays down, EnqueueError when it refuses a
+        round trip: then no job of it, or after it, was queued (earlier ones were), unless by a
+        send whose reply was lost. A job that Redis refuses alone (a duplicate id, a key of the
+        wrong type) raises BatchEnqueueError (an EnqueueError): the jobs before it were queued (its
+        `results` say which), it and those after it were not.
         """
         results: list[EnqueueResult] = [EnqueueResult(None)] * len(requests)
         batches = [range(start, min(start + ENQUEUE_BATCH, len(requests)))

@@ -93,8 +93,15 @@ class BatchEnqueueError(EnqueueError):
 class QueueUnavailableError(AgentError, ConnectionError):
     """Redis cannot be reached (connection refused, timeout); the HTTP layer answers 503.
 
-    Raised by enqueue (nothing was written) and by state reads.
+    Raised by state reads, and by an enqueue once Redis stayed unreachable for
+    `AgentSettings.enqueue_resend_s`. Then the job was not queued, unless one of its sends ran in
+    Redis before the connection was lost, reply unseen: `job_id` is the id it would have, to look
+    up once Redis is back (`ClientAgent.get_state`).
     """
+
+    def __init__(self, message: str, *, job_id: str | None = None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
 
 
 class ConnectionCoolingDown(AgentError):

@@ -6,13 +6,17 @@ the same outage at once; each reports here instead of logging its own traceback 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from redis.exceptions import BusyLoadingError, ConnectionError, TimeoutError
 
-__all__ = ["OUTAGE_ERRORS", "RedisOutage"]
+__all__ = ["OUTAGE_ERRORS", "RedisOutage", "send_through_outage"]
+
+T = TypeVar("T")
 
 # What "Redis is unreachable" looks like: refused or dropped connections, timeouts, a Redis still
 # loading its data after a restart. Any other error is a bug and is logged as one.
@@ -22,6 +26,9 @@ logger = logging.getLogger("agent_async.redis")
 
 # While Redis stays unreachable, one summary line this often.
 _SUMMARY_EVERY_S = 10.0
+# The pause between two sends of a write through an outage: doubled from the first to the last.
+_RESEND_PAUSE_MIN_S = 0.05
+_RESEND_PAUSE_MAX_S = 1.0
 
 
 class RedisOutage:
@@ -57,6 +64,35 @@ class RedisOutage:
         logger.info("Redis is reachable again after %.1fs (%d failed calls)", down_s, self._failures)
         self._since = None
         self._failures = 0
+
+
+async def send_through_outage(
+    send: Callable[[bool], Awaitable[T]],
+    *,
+    for_s: float,
+    errors: tuple[type[BaseException], ...] = OUTAGE_ERRORS,
+    failed: Callable[[BaseException], None] | None = None,
+) -> T:
+    """`send(resent)`, sent again with backoff while it fails with one of `errors`, for up to `for_s`
+    seconds; then that last error is raised (any other error at once). `resent` is False for the
+    first send only: a send that failed may still have run in Redis (its reply was lost), and the
+    write sent after it must be able to tell (each writer says how: its own start time, its mark,
+    the id it drew). `failed` hears of each failure (RedisOutage.failed, for the logs)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + for_s
+    pause_s = _RESEND_PAUSE_MIN_S
+    resent = False
+    while True:
+        try:
+            return await send(resent)
+        except errors as exc:
+            if failed is not None:
+                failed(exc)
+            if loop.time() + pause_s > deadline:
+                raise
+        resent = True
+        await asyncio.sleep(pause_s)
+        pause_s = min(_RESEND_PAUSE_MAX_S, pause_s * 2)
 
 
 def _describe(exc: BaseException) -> str:

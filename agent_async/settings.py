@@ -48,6 +48,11 @@ class AgentSettings:
     hard_timeout_grace_s: float = 10.0
     # After a cancel request: time a running job gets to stop on its own before it is stopped hard.
     cancel_grace_s: float = 5.0
+    # An enqueue (ClientAgent.enqueue, enqueue_many, a schedule's fire) is sent again with backoff for
+    # this long while Redis is unreachable, so that a short outage (a restart) costs the caller a
+    # wait instead of an error. A send whose reply was lost is recognised by the next one: the job
+    # is queued once. 0: one send, and the error at once.
+    enqueue_resend_s: float = 2.0
     # A running job's lease; a worker renews it every third of it. A dead worker's jobs are
     # noticed within lease + reconcile interval, whatever arq's timeouts are.
     lease_s: float = 30.0
@@ -111,6 +116,7 @@ class AgentSettings:
         "retry_backoff_max_s": "AGENT_RETRY_BACKOFF_MAX_SECONDS",
         "hard_timeout_grace_s": "AGENT_HARD_TIMEOUT_GRACE_SECONDS",
         "cancel_grace_s": "AGENT_CANCEL_GRACE_SECONDS",
+        "enqueue_resend_s": "AGENT_ENQUEUE_RESEND_SECONDS",
         "lease_s": "AGENT_LEASE_SECONDS",
         "shutdown_drain_s": "AGENT_SHUTDOWN_DRAIN_SECONDS",
         "reconcile_interval_s": "AGENT_RECONCILE_INTERVAL_SECONDS",
@@ -147,6 +153,7 @@ class AgentSettings:
         self._check(self.hard_timeout_grace_s >= 0, "hard_timeout_grace_s", "must be >= 0")
         self._check(self.reconcile_interval_s > 0, "reconcile_interval_s", "must be > 0")
         self._check(self.cancel_grace_s >= 0, "cancel_grace_s", "must be >= 0")
+        self._check(0 <= self.enqueue_resend_s <= 60, "enqueue_resend_s", "must be between 0 and 60")
         self._check(self.lease_s >= 0.3, "lease_s", "must be >= 0.3")
         self._check(self.shutdown_drain_s >= 0, "shutdown_drain_s", "must be >= 0")
         self._check(all(p for p in self.job_packages), "job_packages", "empty package name")

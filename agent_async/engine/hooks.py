@@ -17,7 +17,6 @@ Every hook catches everything: a hook that raises kills arq's poll loop.
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import logging
 from collections.abc import Awaitable, Callable
@@ -35,7 +34,7 @@ from agent_async.engine.wire import EngineNames, dropped_from_result
 from agent_async.errors import AgentError
 from agent_async.lifecycle import JobStatus, Outcome, StartDecision, dropped_outcome, interrupted_outcome, now_ms
 from agent_async.logs import job_fields
-from agent_async.outage import OUTAGE_ERRORS, RedisOutage
+from agent_async.outage import OUTAGE_ERRORS, RedisOutage, send_through_outage
 from agent_async.registry import JobRegistry
 from agent_async.schedules.scheduler import FireResult
 from agent_async.store import JobStore, ScriptCall, Transition, check_buffers
@@ -51,8 +50,6 @@ _START_FAILED_RETRY_S = 1.0
 # An outcome a live worker holds is written again, with backoff, for this long while Redis is
 # unreachable: past it (a very long outage) the job is left to recovery.
 OUTCOME_RETRY_FOR_S = 300.0
-_OUTCOME_PAUSE_MIN_S = 0.05
-_OUTCOME_PAUSE_MAX_S = 1.0
 
 # ctx keys shared by our hooks and the job function within one arq run.
 _CTX_DECISION = "agent_async.decision"
@@ -159,14 +156,9 @@ class Hooks:
         start time can tell (lib.lua's start_job). Given up before the first send's lease could
         run out, after which recovery may settle the job (None: it goes back to the queue)."""
         started_ms = now_ms()
-        resent = False
 
-        async def send() -> StartDecision:
-            nonlocal resent
-            try:
-                return await self._store.start(job_id, started_ms=started_ms, resent=resent)
-            finally:
-                resent = True
+        async def send(resent: bool) -> StartDecision:
+            return await self._store.start(job_id, started_ms=started_ms, resent=resent)
 
         _, decision = await self._through_outage(
             f"job {job_id}: its start", send, for_s=self._store.lease_ms / 2000, then="it goes back to the queue"
@@ -228,7 +220,8 @@ class Hooks:
         """
         try:
             sent, _ = await self._through_outage(
-                f"job {job_id}: its outcome", write, for_s=OUTCOME_RETRY_FOR_S, then="it is left to recovery"
+                f"job {job_id}: its outcome", lambda _resent: write(), for_s=OUTCOME_RETRY_FOR_S,
+                then="it is left to recovery",
             )
         except Exception:
             logger.exception("job %s: its outcome could not be written; recovery will settle it", job_id)
@@ -236,27 +229,18 @@ class Hooks:
         return sent
 
     async def _through_outage(
-        self, what: str, send: Callable[[], Awaitable[T]], *, for_s: float, then: str
+        self, what: str, send: Callable[[bool], Awaitable[T]], *, for_s: float, then: str
     ) -> tuple[bool, T | None]:
-        """`send()`, again with backoff while Redis is unreachable, for `for_s`: (True, its reply),
-        or (False, None) if Redis stayed away (logged with what happens `then`). Any other error
-        is raised."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + for_s
-        pause_s = _OUTCOME_PAUSE_MIN_S
-        while True:
-            try:
-                reply = await send()
-            except OUTAGE_ERRORS as exc:
-                self.outage.failed(what, exc)
-                if loop.time() + pause_s > deadline:
-                    logger.error("%s: Redis unreachable for %.0fs; %s", what, for_s, then)
-                    return False, None
-                await asyncio.sleep(pause_s)
-                pause_s = min(_OUTCOME_PAUSE_MAX_S, pause_s * 2)
-            else:
-                self.outage.ok()
-                return True, reply
+        """`send(resent)`, again with backoff while Redis is unreachable, for `for_s`: (True, its
+        reply), or (False, None) if Redis stayed away (logged with what happens `then`). Any other
+        error is raised."""
+        try:
+            reply = await send_through_outage(send, for_s=for_s, failed=lambda exc: self.outage.failed(what, exc))
+        except OUTAGE_ERRORS:
+            logger.error("%s: Redis unreachable for %.0fs; %s", what, for_s, then)
+            return False, None
+        self.outage.ok()
+        return True, reply
 
     def release(self, engine_id: str) -> None:
         """The fast worker finished this job (outcome written or given up): stop its lease."""

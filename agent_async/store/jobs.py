@@ -23,7 +23,7 @@ from agent_async.lifecycle import JobStatus, StartDecision, now_ms
 from agent_async.state import JobState
 from agent_async.store import codec, scripts
 from agent_async.store.autopipeline import AutoPipeline
-from agent_async.store.enqueue import BatchReply, Enqueues, PreparedEnqueue
+from agent_async.store.enqueue import BatchReply, Enqueues, IdCheck, PreparedEnqueue
 from agent_async.store.keys import KeySpace
 from agent_async.store.schema import CANCEL_REQUESTED_FIELD, new_state_extras, state_from_hash
 from agent_async.store.scripts import LuaScript, ScriptCall, load_scripts, lua_source, run_script, store_script
@@ -52,7 +52,7 @@ class JobStore:
 
     def __init__(
         self, *, keys: KeySpace, retention_s: int, lease_ms: int, engine_lua: str, engine_queue: EngineQueue,
-        events: bool = True, metrics: bool = True,
+        events: bool = True, metrics: bool = True, enqueue_resend_s: float = 0.0,
     ) -> None:
         self.keys = keys
         # '' turns the scripts' event writes off (lib.lua's emit), and their counters (lib.lua's metric).
@@ -72,7 +72,7 @@ class JobStore:
         self.enqueues = Enqueues(lambda: self.redis, script(("enqueue_job.lua", "enqueue.lua")), constants=(
             keys.state(""), keys.active_index, keys.all_index, keys.user_index(""), keys.schedule_index(""),
             keys.owned_blobs, engine_queue.queue_key, engine_queue.id_prefix,
-        ), retention_s=retention_s)
+        ), retention_s=retention_s, resend_s=enqueue_resend_s)
         self._start = script("start.lua", packed=True)
         self._transition = script("transition.lua", packed=True)
         self._cancel = script("cancel.lua")
@@ -117,13 +117,19 @@ class JobStore:
         """Persist a PENDING state, take the gate slot and queue the engine job, all or nothing.
 
         Raises RequestRefusedError(JOB_CONCURRENT_LIMIT) when the gate is full, DuplicateJobError
-        when the id exists, EnqueueError when Redis refuses (nothing is written in any case).
-        `new_id`: the id was just drawn by new_job_id, so no check that it exists (see `prepare`).
+        when the id exists, EnqueueError when Redis refuses (nothing is written in any case), and
+        QueueUnavailableError (with the job's id) when Redis stayed unreachable while it was sent
+        again (Enqueues). `new_id`: the id was just drawn by new_job_id, so no check that it
+        exists (see `prepare`).
         """
         job = self.prepare(
             state, gate=gate, run=run, resume=resume, max_try=max_try, owned_blobs=owned_blobs, new_id=new_id
         )
-        self.check_created(state, gate, await self.enqueues.one(job))
+        try:
+            outcome = await self.enqueues.one(job)
+        except QueueUnavailableError as exc:
+            raise QueueUnavailableError(str(exc), job_id=state.job_id) from exc
+        self.check_created(state, gate, outcome)
 
     @staticmethod
     def prepare(
@@ -141,7 +147,7 @@ class JobStore:
             state.job_id, str(now), state.name, codec.dumps(state.payload), state.user_uid or "",
             state.schedule_name or "", gate.key if gate else "", str(gate.limit) if gate else "0",
             str(now + gate.ttl_ms) if gate else "0", str(run.score_ms), str(run.ttl_ms), "1" if resume else "0",
-            str(max_try), codec.dumps(owned_blobs) if owned_blobs else "", "1" if new_id else "0",
+            str(max_try), codec.dumps(owned_blobs) if owned_blobs else "", IdCheck.DRAWN if new_id else IdCheck.CHOSEN,
             *new_state_extras(state),
         ])
 

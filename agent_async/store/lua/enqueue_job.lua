@@ -7,8 +7,8 @@
 -- KEYS: none (the call's constants C: enqueue_begin's)
 -- ARGV: none (the job, a list: job id, created ms, job name, payload JSON, user|'', schedule|'',
 --       gate key|'', gate limit, gate slot expiry ms, engine score ms, engine job ttl ms,
---       resume '1'|'0', max_try, owned blobs JSON|'', '1' if the id was just drawn at random
---       (no check that it exists: it cannot) else '0', then the state's other field/value pairs)
+--       resume '1'|'0', max_try, owned blobs JSON|'', the id check ('1' drawn at random, '0'
+--       chosen, '2' sent again: below), then the state's other field/value pairs)
 -- Reply: 1 queued, 0 gate full, -1 the id exists, -2 a key has the wrong type
 
 -- The call's shared writes: the keys known to be zsets, the enqueue counts by job name, the indexes
@@ -50,7 +50,13 @@ local function enqueue_job(job)
   local gate, limit, gate_expiry, score, ttl_ms = job[7], tonumber(job[8]), job[9], job[10], job[11]
   local state, engine_id = C.state_prefix .. job_id, C.engine_prefix .. job_id
   local engine_key = engine_job_key(engine_id)
-  if job[15] ~= '1' and engine_has(engine_key, state) then return -1 end
+  -- job[15], the id check (store/enqueue.py's IdCheck): '1' a drawn id (not checked), '0' a chosen
+  -- id (refused if it exists), '2' a resend: a state of this id created at this very ms is the
+  -- earlier send's, which ran though its reply was lost, so the job is queued (once, by it).
+  if job[15] ~= '1' and engine_has(engine_key, state) then
+    if job[15] == '2' and redis.call('HGET', state, 'created_ms') == job[2] then return 1 end
+    return -1
+  end
   local gated = gate ~= '' and limit > 0
   if gated then
     if not zset_or_none(gate) then return -2 end
