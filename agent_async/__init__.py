@@ -1,7 +1,7 @@
 """agent-async: asyncio-native job infrastructure on arq + Redis."""
 
 from agent_async.agent import Agent
-from agent_async.client import ClientAgent, EnqueueResult
+from agent_async.client import ClientAgent, EnqueuedOnce, EnqueueResult
 from agent_async.engine import QueueStats
 from agent_async.errors import (
     ERROR_JOB_CONCURRENT_LIMIT,
@@ -34,7 +34,7 @@ from agent_async.registry import JobRegistry, registry
 from agent_async.request import JobRequest
 from agent_async.runs import RunRecord, RunRecords, RunStatus, RunTrigger
 from agent_async.settings import AgentSettings
-from agent_async.state import JobState
+from agent_async.state import JobState, keyed_job_id
 from agent_async.store.events import EventType, JobEvent
 from agent_async.store.workers import WorkerInfo
 from agent_async.worker.child import ChildProcessLost, run_in_child
@@ -60,6 +60,7 @@ __all__ = [
     "DuplicateJobError",
     "EnqueueError",
     "EnqueueResult",
+    "EnqueuedOnce",
     "ErrorKind",
     "EventType",
     "GroupError",
@@ -94,6 +95,7 @@ __all__ = [
     "agent_job",
     "configure_logging",
     "init_jobs",
+    "keyed_job_id",
     "registry",
     "report_progress",
     "run_in_child",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -11,13 +12,20 @@ from typing import TYPE_CHECKING, Any
 from agent_async.agent import Agent
 from agent_async.canceller import JobCanceller
 from agent_async.engine import QueueStats
-from agent_async.errors import BatchEnqueueError, EnqueueError, RequestCode, RequestRefusedError, StorageError
+from agent_async.errors import (
+    BatchEnqueueError,
+    DuplicateJobError,
+    EnqueueError,
+    RequestCode,
+    RequestRefusedError,
+    StorageError,
+)
 from agent_async.groups import GroupFinalizer, GroupView
 from agent_async.lifecycle import JobStatus
 from agent_async.request import JobRequest
 from agent_async.runs import RunRecord
 from agent_async.schedules.scheduler import Scheduler
-from agent_async.state import JobState, new_job_id
+from agent_async.state import JobState, keyed_job_id, new_job_id
 from agent_async.store.enqueue import MAX_BATCH as ENQUEUE_BATCH
 from agent_async.store.enqueue import BatchReply, PreparedEnqueue
 from agent_async.store.events import JobEvent
@@ -28,13 +36,16 @@ from agent_async.store.workers import WorkerDirectory, WorkerInfo
 if TYPE_CHECKING:
     from agent_async.storage import ClientStorage
 
-__all__ = ["ClientAgent", "EnqueueResult"]
+__all__ = ["ClientAgent", "EnqueueResult", "EnqueuedOnce"]
 
 logger = logging.getLogger(__name__)
 
 # Building a batch gives the event loop a turn this often (jobs), so that the batch in flight is
 # written out while the next one is built, not after.
 _YIELD_EVERY = 50
+
+# An idempotency key's length at most (characters): it is hashed into the job's id, never stored.
+MAX_IDEMPOTENCY_KEY_CHARS = 255
 
 # One request of a batch, ready to send: its index in the caller's list, its state, its slot, its script.
 _Prepared = tuple[int, JobState, "GateClaim | None", PreparedEnqueue]
@@ -51,6 +62,19 @@ class EnqueueResult:
     @property
     def accepted(self) -> bool:
         return self.job_id is not None
+
+
+def _same_json(a: Any, b: Any) -> bool:
+    # As stored: a tuple reads back as a list, and key order is not content.
+    return json.dumps(a, sort_keys=True) == json.dumps(b, sort_keys=True)
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueuedOnce:
+    """`enqueue_once`'s answer: the job of the key, and whether an earlier call had queued it."""
+
+    job_id: str
+    replayed: bool
 
 
 class ClientAgent:
@@ -78,6 +102,37 @@ class ClientAgent:
         """
         state = await self.agent.create_job(request, user_uid=user_uid, defer_s=defer_s)
         return state.job_id
+
+    async def enqueue_once(
+        self, request: JobRequest, user_uid: str | None = None, *, key: str, defer_s: float = 0.0
+    ) -> EnqueuedOnce:
+        """Queue a job once per idempotency `key` (a client's retry of a request whose answer it
+        never saw): the first call queues it, a later call with the same key, job name, user and
+        payload gets the same job back (`replayed`), for as long as the job's state is kept
+        (AgentSettings.state_retention_s). The job's id is derived from the key (`keyed_job_id`).
+
+        Raises what `enqueue` raises, and RequestRefusedError with IDEMPOTENCY_KEY_INVALID (an
+        empty key, or one over 255 characters) or IDEMPOTENCY_KEY_REUSED (the key names a job of
+        another payload). A refused call queues nothing, and the key can be used again.
+        """
+        if not 0 < len(key) <= MAX_IDEMPOTENCY_KEY_CHARS:
+            why = f"an idempotency key has 1 to {MAX_IDEMPOTENCY_KEY_CHARS} characters"
+            raise RequestRefusedError(RequestCode.IDEMPOTENCY_KEY_INVALID, why)
+        job_id = keyed_job_id(request.name, user_uid, key)
+        try:
+            await self.agent.create_job(request, user_uid=user_uid, job_id=job_id, defer_s=defer_s)
+        except DuplicateJobError:
+            existing = await self.get_state(job_id)
+            if existing is None:
+                # Only arq's record is left (its state expired this very moment): not this key's job.
+                raise
+            if not _same_json(existing.payload, request.payload()):
+                raise RequestRefusedError(
+                    RequestCode.IDEMPOTENCY_KEY_REUSED,
+                    f"{request.name}: this idempotency key was used for another request (job {job_id})",
+                ) from None
+            return EnqueuedOnce(job_id, replayed=True)
+        return EnqueuedOnce(job_id, replayed=False)
 
     async def enqueue_many(
         self, requests: Sequence[JobRequest], user_uid: str | None = None, *, defer_s: float = 0.0

@@ -36,6 +36,10 @@ class RequestCode(StrEnum):
     JOB_CONCURRENT_LIMIT = "job_concurrent_limit"
     JOB_UNKNOWN = "job_unknown"
     JOB_PAYLOAD_INVALID = "job_payload_invalid"
+    # enqueue_once: the idempotency key is empty or too long; or it already names a job that
+    # another request made (another payload: the key was reused for something else).
+    IDEMPOTENCY_KEY_INVALID = "idempotency_key_invalid"
+    IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
 
 
 # The codes under their earlier names (each equals its RequestCode member).

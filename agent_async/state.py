@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -10,13 +11,21 @@ from typing import Any
 
 from agent_async.lifecycle import TERMINAL, JobStatus, now_ms
 
-__all__ = ["JobState", "new_job_id"]
+__all__ = ["JobState", "keyed_job_id", "new_job_id"]
 
 
 def new_job_id() -> str:
     """A new job's id: 32 hex digits, 128 random bits (uuid4's hex form carries 122, and costs an
     enqueue several times as much to make)."""
     return os.urandom(16).hex()
+
+
+def keyed_job_id(name: str, user_uid: str | None, key: str) -> str:
+    """The id of the job that `ClientAgent.enqueue_once` queues for this idempotency key: 32 hex
+    digits like a drawn id, derived from the job's name, its user and the key (the same key of
+    two users, or for two kinds of job, names two jobs)."""
+    scoped = "\x00".join((name, user_uid or "", key)).encode()
+    return hashlib.sha256(scoped).hexdigest()[:32]
 
 
 def _iso(ms: int | None) -> str | None:

@@ -16,6 +16,7 @@ from agent_async import (
     ERROR_JOB_PAYLOAD_INVALID,
     ERROR_JOB_UNKNOWN,
     QueueUnavailableError,
+    RequestCode,
     RequestException,
     StorageUnavailableError,
 )
@@ -28,6 +29,8 @@ _REQUEST_STATUS = {
     ERROR_JOB_CONCURRENT_LIMIT: 409,
     ERROR_JOB_PAYLOAD_INVALID: 422,
     ERROR_JOB_UNKNOWN: 400,
+    RequestCode.IDEMPOTENCY_KEY_INVALID: 422,
+    RequestCode.IDEMPOTENCY_KEY_REUSED: 422,
 }
 _HTTP_CODES = {
     400: "bad_request",

@@ -24,6 +24,7 @@ __all__ = [
     "EventPatch",
     "EventsQuery",
     "HealthOut",
+    "IdempotencyHeaders",
     "JobAccepted",
     "JobEventOut",
     "JobList",
@@ -267,6 +268,16 @@ def optional_parameters(schema: dict[str, Any]) -> None:
             (branch,) = [b for b in field.pop("anyOf") if b != {"type": "null"}]
             field.update(branch)
         field.pop("default", None)
+
+
+class IdempotencyHeaders(BaseModel):
+    """The optional request header of an operation that queues a job: a key the client chooses
+    (1 to 255 visible ASCII characters) so that its retry of a request whose answer it never saw
+    gets the same job instead of a second one (ClientAgent.enqueue_once)."""
+
+    model_config = ConfigDict(json_schema_extra=optional_parameters)
+
+    idempotency_key: str | None = Field(default=None, pattern=r"^[\x21-\x7e]{1,255}$")
 
 
 class EventsQuery(_Strict):

@@ -57,7 +57,7 @@ EXPECTED: dict[tuple[str, str], set[int]] = {
     ("GET", "/calendars/{key}/events"): {200, 404, 422} | COMMON,
     ("PATCH", "/calendars/{key}/events/{uid}"): {200, 404} | JSON_BODY | COMMON,
     ("DELETE", "/calendars/{key}/events/{uid}"): {204, 404} | COMMON,
-    ("POST", "/calendars/{key}/export"): {202, 404, 409} | COMMON,
+    ("POST", "/calendars/{key}/export"): {202, 404, 409, 422} | COMMON,
     # A raw or multipart body, read by the handler: no JSON, so no 400.
     ("POST", "/calendars/{key}/import"): {202, 404, 408, 409, 413, 415, 422} | COMMON,
     ("POST", "/calendars/external"): {201} | JSON_BODY | COMMON,
@@ -73,7 +73,7 @@ EXPECTED: dict[tuple[str, str], set[int]] = {
     ("POST", "/admin/runs/{run_id}/cancel"): {200, 403, 404, 409} | COMMON,
     ("GET", "/admin/guards"): {200, 403} | COMMON,
     ("POST", "/admin/guards/{name}/reset"): {200, 403, 404} | COMMON,
-    ("POST", "/admin/sync/external"): {202, 403, 409} | COMMON,
+    ("POST", "/admin/sync/external"): {202, 403, 409, 422} | COMMON,
     # Its own bearer token (AGENT_METRICS_TOKEN); 404 while that is unset.
     ("GET", "/metrics"): {200, 404} | COMMON,
 }

@@ -6,9 +6,10 @@ from typing import Any
 
 from quart import Blueprint, Response, jsonify, request
 from quart.blueprints import BlueprintSetupState
-from quart_schema import document_response, tag, validate_querystring, validate_request
+from quart_schema import document_response, tag, validate_headers, validate_querystring, validate_request
 from werkzeug.routing import BaseConverter
 
+from agent_async import EnqueuedOnce
 from app.api.context import current_principal, runtime
 from app.api.openapi import document_errors, document_plain_response, document_request_body
 from app.api.schemas import (
@@ -21,6 +22,7 @@ from app.api.schemas import (
     EventList,
     EventOut,
     EventPatch,
+    IdempotencyHeaders,
     JobAccepted,
     Page,
 )
@@ -67,6 +69,8 @@ _DELETED = "Deleted; no body."
 _EXTERNAL = {404: "`calendar_not_found`: no such calendar of the caller's (another user's is not shown); "
                   "`subscription_not_found`: the calendar is not an external calendar."}
 _SYNC_IN_FLIGHT = "`job_concurrent_limit`: a sync of this user is already in flight."
+_KEYED = ("`invalid_body`: the `Idempotency-Key` header is not 1 to 255 visible ASCII characters; "
+          "`idempotency_key_reused`: the key names a job another request made (another payload or file).")
 
 
 def _module() -> ModuleCalendar:
@@ -102,6 +106,14 @@ def _event_json(event: Event) -> dict[str, Any]:
 def _status(body: Response, status: int) -> Response:
     body.status_code = status
     return body
+
+
+def _accepted(enqueued: EnqueuedOnce) -> Response:
+    """202 with the job's id; a repeat under an Idempotency-Key says it is one (the job is the first's)."""
+    response = _status(jsonify({"job_id": enqueued.job_id}), 202)
+    if enqueued.replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return response
 
 
 def _no_content() -> Response:
@@ -212,16 +224,17 @@ async def list_events(key: str, query_args: Page) -> Response:
 
 @blueprint.post("/<key>/export")
 @tag(["calendars"])
+@validate_headers(IdempotencyHeaders)
 @document_response(JobAccepted, 202)
-@document_errors(404, 409, 503, descriptions={**_CALENDAR, 409: _IN_FLIGHT})
-async def export_calendar(key: str) -> Response:
+@document_errors(404, 409, 422, 503, descriptions={**_CALENDAR, 409: _IN_FLIGHT, 422: _KEYED})
+async def export_calendar(key: str, headers: IdempotencyHeaders) -> Response:
     """Start the ICS export job; fetch the file from GET /jobs/<job_id>/result once it is SUCCESS."""
-    job_id = await _module().export(key, current_principal().uid)
-    return _status(jsonify({"job_id": job_id}), 202)
+    return _accepted(await _module().export(key, current_principal().uid, idempotency_key=headers.idempotency_key))
 
 
 @blueprint.post("/<key>/import")
 @tag(["calendars"])
+@validate_headers(IdempotencyHeaders)
 @document_request_body(
     "The ICS file (RFC 5545), either as the whole body or as the `file` part of a multipart form. The charset "
     "is the `charset` parameter of the body's (or the part's) Content-Type, UTF-8 by default.",
@@ -246,14 +259,14 @@ async def export_calendar(key: str) -> Response:
         415: "`unsupported_media_type`: the body is neither " + ", ".join(f"`{t}`" for t in sorted(RAW_TYPES))
              + " nor `multipart/form-data`.",
         422: f"`invalid_body`: the file is empty, not decodable in its charset, holds a NUL, or the multipart "
-             f"body has no `{FILE_FIELD}` part.",
+             f"body has no `{FILE_FIELD}` part. " + _KEYED,
     },
 )
-async def import_calendar(key: str) -> Response:
+async def import_calendar(key: str, headers: IdempotencyHeaders) -> Response:
     """Start an ICS import: body `text/calendar`, or multipart/form-data with a `file` part."""
     text = await read_upload(request)
-    job_id = await _module().import_text(key, current_principal().uid, text)
-    return _status(jsonify({"job_id": job_id}), 202)
+    enqueued = await _module().import_text(key, current_principal().uid, text, idempotency_key=headers.idempotency_key)
+    return _accepted(enqueued)
 
 
 # --- external calendars (ICS subscriptions) ------------------------------------------------------------------
@@ -302,15 +315,18 @@ async def patch_external(key: str, data: ExternalCalendarPatch) -> Response:
 @blueprint.post("/<key>/sync")
 @tag(["calendars"])
 @validate_querystring(SyncQuery)
+@validate_headers(IdempotencyHeaders)
 @document_response(JobAccepted, 202)
 @document_errors(
     404, 409, 422, 503,
-    descriptions={**_EXTERNAL, 409: _SYNC_IN_FLIGHT, 422: "`invalid_body`: `force` is not a boolean."},
+    descriptions={**_EXTERNAL, 409: _SYNC_IN_FLIGHT, 422: "`invalid_body`: `force` is not a boolean. " + _KEYED},
 )
-async def sync_external(key: str, query_args: SyncQuery) -> Response:
+async def sync_external(key: str, query_args: SyncQuery, headers: IdempotencyHeaders) -> Response:
     """Queue a sync of the external calendar now (`?force=true`: a full download, ignoring the ETag)."""
-    job_id = await _module().sync(key, current_principal().uid, force=query_args.force)
-    return _status(jsonify({"job_id": job_id}), 202)
+    enqueued = await _module().sync(
+        key, current_principal().uid, force=query_args.force, idempotency_key=headers.idempotency_key
+    )
+    return _accepted(enqueued)
 
 
 # POST /admin/sync/external lives with the module whose job it starts (the admin module knows no
@@ -320,15 +336,17 @@ admin_blueprint = Blueprint("calendar_admin", __name__, url_prefix="/admin")
 
 @admin_blueprint.post("/sync/external")
 @tag(["admin"])
+@validate_headers(IdempotencyHeaders)
 @document_response(JobAccepted, 202)
 @document_errors(
-    403, 409, 503,
+    403, 409, 422, 503,
     descriptions={
         403: "`forbidden`: the token is not an admin token.",
         409: "`job_concurrent_limit`: a sweep job is queued or running already.",
+        422: _KEYED,
     },
 )
-async def sweep_external() -> Response:
+async def sweep_external(headers: IdempotencyHeaders) -> Response:
     """Start a sweep of every due external calendar now (the periodic sync's job), as the admin asking.
 
     Its run record (`GET /admin/runs?kind=calendar.sync.external`) is `manual`, with the admin's uid;
@@ -336,5 +354,8 @@ async def sweep_external() -> Response:
     principal = current_principal()
     if not principal.admin:
         raise ApiError(403, "forbidden", "an admin token is required")
-    job_id = await runtime().client.enqueue(JobRequestSyncExternalAuto(requested_by=principal.uid))
-    return _status(jsonify({"job_id": job_id}), 202)
+    sweep = JobRequestSyncExternalAuto(requested_by=principal.uid)
+    client = runtime().client
+    if headers.idempotency_key is None:
+        return _accepted(EnqueuedOnce(await client.enqueue(sweep), replayed=False))
+    return _accepted(await client.enqueue_once(sweep, key=headers.idempotency_key))

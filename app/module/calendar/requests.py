@@ -50,6 +50,9 @@ class JobRequestImportIcs(_CalendarJobRequest):
     # failure, retries exhausted, a lost worker), so repeating cancelled imports cannot fill the store.
     owned_blobs: ClassVar[tuple[str, ...]] = ("source_ref",)
     source_ref: str = ""
+    # The file's SHA-256 (hex): what a repeat under the same idempotency key is compared by, the
+    # upload of each request being saved under a new ref.
+    file_sha256: str = ""
 
 
 @dataclass

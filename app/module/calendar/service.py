@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import re
 import uuid
 from typing import Any
 
-from agent_async import ClientAgent
+from agent_async import ClientAgent, EnqueuedOnce, JobRequest, RequestCode, RequestRefusedError, keyed_job_id
 from app.errors import ApiError
 from app.module.calendar.fetch import FetchError, FetchPolicy, check_url
 from app.module.calendar.model import Calendar, Event, ExternalSource
@@ -110,21 +111,54 @@ class ModuleCalendar:
         events = await self._repository.list_events(key, offset=offset, limit=limit)
         return events, await self._repository.count_events(key)
 
-    async def export(self, key: str, owner_uid: str) -> str:
+    async def export(self, key: str, owner_uid: str, *, idempotency_key: str | None = None) -> EnqueuedOnce:
         await self.get(key, owner_uid)
-        return await self._client.enqueue(JobRequestExportIcs(calendar_key=key), owner_uid)
+        return await self._queue(JobRequestExportIcs(calendar_key=key), owner_uid, idempotency_key)
 
-    async def import_text(self, key: str, owner_uid: str, text: str) -> str:
-        """Save the upload first (the worker has no HTTP request), then enqueue only its reference."""
+    async def import_text(
+        self, key: str, owner_uid: str, text: str, *, idempotency_key: str | None = None
+    ) -> EnqueuedOnce:
+        """Save the upload first (the worker has no HTTP request), then enqueue only its reference.
+        A repeat under an idempotency key is compared by calendar and file digest (each upload is
+        saved under a ref of its own), and saves nothing."""
         await self.get(key, owner_uid)
+        digest = hashlib.sha256(text.encode()).hexdigest()
+        if idempotency_key is not None:
+            earlier = await self._earlier_import(key, owner_uid, idempotency_key, digest)
+            if earlier is not None:
+                return earlier
         store = self._client.get_large_store()
         ref = await store.save_text(text, UPLOAD_CONTENT_TYPE)
+        request = JobRequestImportIcs(calendar_key=key, source_ref=ref, file_sha256=digest)
         try:
-            return await self._client.enqueue(JobRequestImportIcs(calendar_key=key, source_ref=ref), owner_uid)
-        except BaseException:
+            return await self._queue(request, owner_uid, idempotency_key)
+        except BaseException as exc:
             # Nothing will ever consume the upload: do not leave it dangling.
             await store.delete(ref)
+            reused = isinstance(exc, RequestRefusedError) and exc.code is RequestCode.IDEMPOTENCY_KEY_REUSED
+            if reused and idempotency_key is not None:
+                # A request with this key queued its import meanwhile (a retry sent while the first
+                # was in flight): the same import if it is the same file.
+                earlier = await self._earlier_import(key, owner_uid, idempotency_key, digest)
+                if earlier is not None:
+                    return earlier
             raise
+
+    async def _earlier_import(self, key: str, owner_uid: str, idempotency_key: str, digest: str) -> EnqueuedOnce | None:
+        state = await self._client.get_state(keyed_job_id(JobRequestImportIcs.name, owner_uid, idempotency_key))
+        if state is None:
+            return None
+        if (state.payload.get("calendar_key"), state.payload.get("file_sha256")) != (key, digest):
+            raise RequestRefusedError(
+                RequestCode.IDEMPOTENCY_KEY_REUSED,
+                f"{JobRequestImportIcs.name}: this idempotency key was used for another import (job {state.job_id})",
+            )
+        return EnqueuedOnce(state.job_id, replayed=True)
+
+    async def _queue(self, request: JobRequest, owner_uid: str, idempotency_key: str | None) -> EnqueuedOnce:
+        if idempotency_key is None:
+            return EnqueuedOnce(await self._client.enqueue(request, owner_uid), replayed=False)
+        return await self._client.enqueue_once(request, owner_uid, key=idempotency_key)
 
     # --- external calendars ---------------------------------------------------------------------------
 
@@ -155,10 +189,12 @@ class ModuleCalendar:
             raise _calendar_not_found(key)  # deleted meanwhile
         return found
 
-    async def sync(self, key: str, owner_uid: str, *, force: bool = False) -> str:
-        """Queue a sync of the external calendar now; its job id."""
+    async def sync(
+        self, key: str, owner_uid: str, *, force: bool = False, idempotency_key: str | None = None
+    ) -> EnqueuedOnce:
+        """Queue a sync of the external calendar now."""
         await self.external(key, owner_uid)
-        return await self._client.enqueue(JobRequestSyncExternal(calendar_key=key, force=force), owner_uid)
+        return await self._queue(JobRequestSyncExternal(calendar_key=key, force=force), owner_uid, idempotency_key)
 
 
 def new_event_uid() -> str:

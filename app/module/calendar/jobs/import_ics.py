@@ -25,8 +25,9 @@ class JobImportIcs(Job[JobRequestImportIcs]):
     request_class = JobRequestImportIcs
 
     def public_payload(self, payload: dict[str, Any]) -> dict[str, Any]:
-        # The blob's storage locator is internal: the owner sees which calendar, not where the file sits.
-        return {key: value for key, value in payload.items() if key != "source_ref"}
+        # The blob's storage locator is internal: the owner sees which calendar, not where the file
+        # sits; the file's digest is the idempotency check's (service.py).
+        return {key: value for key, value in payload.items() if key not in ("source_ref", "file_sha256")}
 
     async def process(self, request: JobRequestImportIcs, *, user_uid: str | None, job_id: str) -> dict[str, Any]:
         store = self.resources.large_store()
