@@ -151,12 +151,16 @@ async def test_sigkilled_workers_never_rerun_without_resume(
 
 
 async def test_cancel_storm(agent: Agent, client: ClientAgent, workers: object, namespace: str) -> None:
-    """Two workers; 100 cancels at random points (queued, deferred, running, finished). Each ends
-    CANCELED or had finished; jobs enqueued afterwards all succeed (no stale cancel)."""
+    """Two workers; 100 cancels at random points (queued, deferred, running, finished), and 3 of
+    long jobs once they run. Each ends CANCELED or had finished; jobs enqueued afterwards all
+    succeed (no stale cancel)."""
     rng = random.Random(11)
     group = workers(namespace, REDIS_URL)  # type: ignore[operator]
     group.start()
     group.start()
+    # A few long jobs, each cancelled once it runs: the storm's random timing alone hits a running
+    # job only a few times in 100 (none at all in some runs), and that path must be exercised.
+    long_ids = [await client.enqueue(ResumeUpsert(duration_s=3.0), "u") for _ in range(3)]
     ids = []
     for _ in range(300):
         defer_s = rng.choice([0, 0, 0, rng.uniform(0.2, 1.5)])
@@ -175,7 +179,21 @@ async def test_cancel_storm(agent: Agent, client: ClientAgent, workers: object, 
             running_stop_s.append(time.monotonic() - t0)
         outcomes[after.status] = outcomes.get(after.status, 0) + 1
 
-    await asyncio.gather(*(cancel_later(j) for j in targets))
+    async def cancel_when_running(job_id: str) -> None:
+        async def started() -> bool:
+            state = await client.get_state(job_id)
+            return state is not None and state.status is JobStatus.STARTED
+
+        await until(started, 30, "a long job started")
+        t0 = time.monotonic()
+        after = await client.cancel(job_id)
+        assert after is not None and after.status is JobStatus.CANCELED, after
+        running_stop_s.append(time.monotonic() - t0)
+        outcomes[after.status] = outcomes.get(after.status, 0) + 1
+
+    await asyncio.gather(*(cancel_later(j) for j in targets), *(cancel_when_running(j) for j in long_ids))
+    targets += long_ids
+    ids += long_ids
     await until(lambda: settled(agent, ids), 60, "all jobs terminal")
     states = {s.job_id: s for s in await all_states(agent, ids)}
     for job_id in targets:
