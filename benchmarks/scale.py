@@ -1,5 +1,6 @@
 """Cost against the backlog: enqueue and drain rates with 1,000 and 100,000 jobs already queued (and
-1,000,000 with --big), and Redis memory per queued job and per retained finished state.
+1,000,000 with --big), the same with as many finished states retained, and Redis memory per queued
+job and per retained finished state.
 
 Usage: python benchmarks/scale.py [--big] [--window-s S]
 
@@ -12,7 +13,9 @@ backlog stays in the queue ZSET and the indexes the whole time). Then, at that b
 Memory: `queued_job_bytes` is the used-memory growth per backlog job; `finished_state_bytes` is
 the growth per job of 5,000 jobs queued then drained to SUCCESS (JobState hash, its index entries,
 its events; arq's result key is not kept). The event stream is capped near 100,000 events, so its
-share per job falls for bigger runs. Last line: one JSON object, ratios against the smallest backlog.
+share per job falls for bigger runs. `retained`: the same two rates with that many jobs run to
+SUCCESS first (their states, index entries and events kept, as for the retention period), and
+the memory growth per one of them. Last line: one JSON object, ratios against the smallest size.
 """
 
 from __future__ import annotations
@@ -112,6 +115,24 @@ async def at_backlog(backlog: int, window_s: float) -> dict[str, float]:
             "queued_job_bytes": round(queued_job_bytes)}
 
 
+async def at_retained(retained: int, window_s: float) -> dict[str, float]:
+    """The same two rates with `retained` finished states kept (run to SUCCESS first: their
+    states, index entries, status index and events are what a busy deployment keeps for the
+    retention period)."""
+    async with fresh_redis() as fresh:
+        await enqueue_all(fresh.client, retained)
+        proc = spawn_worker("agent", fresh.namespace, fresh.url, burst=True)
+        proc.communicate(timeout=3600)
+        stats = await fresh.client.queue_stats()
+        if stats.depth:
+            raise SystemExit(f"{stats.depth} of the jobs to retain were not run")
+        state_bytes = (await used_memory(fresh.redis) - fresh.before_bytes) / retained
+        enqueue_per_s = await enqueue_all(fresh.client, MEASURED_JOBS)
+        drain_per_s = drain_rate(fresh.namespace, fresh.url, window_s)
+    return {"enqueue_per_s": round(enqueue_per_s), "drain_per_s": round(drain_per_s),
+            "finished_state_bytes": round(state_bytes)}
+
+
 async def finished_state_bytes() -> float:
     async with fresh_redis() as fresh:
         await enqueue_all(fresh.client, FINISHED_JOBS)
@@ -133,15 +154,27 @@ async def main(args: argparse.Namespace) -> None:
     for size in sizes:
         by_size[str(size)] = figures = await at_backlog(size, args.window_s)
         print(f"backlog {size:>9,}: {figures}", flush=True)
+    by_retained: dict[str, dict[str, float]] = {}
+    for size in sizes:
+        by_retained[str(size)] = figures = await at_retained(size, args.window_s)
+        print(f"retained {size:>9,}: {figures}", flush=True)
     state_bytes = await finished_state_bytes()
     print(f"finished state: {state_bytes:.0f} bytes per job", flush=True)
-    base = by_size[str(sizes[0])]
+    smallest, largest = str(sizes[0]), str(sizes[-1])
+
+    def ratio(figures: dict[str, dict[str, float]], rate: str) -> float:
+        return round(figures[largest][rate] / figures[smallest][rate], 3)
+
     result: dict[str, Any] = {
         "backlogs": by_size,
+        "retained": by_retained,
         "finished_state_bytes": round(state_bytes),
         "queued_job_bytes_at_100k": by_size["100000"]["queued_job_bytes"],
-        "enqueue_ratio_largest_vs_smallest": round(by_size[str(sizes[-1])]["enqueue_per_s"] / base["enqueue_per_s"], 3),
-        "drain_ratio_largest_vs_smallest": round(by_size[str(sizes[-1])]["drain_per_s"] / base["drain_per_s"], 3),
+        "finished_state_bytes_at_100k": by_retained["100000"]["finished_state_bytes"],
+        "enqueue_ratio_largest_vs_smallest": ratio(by_size, "enqueue_per_s"),
+        "drain_ratio_largest_vs_smallest": ratio(by_size, "drain_per_s"),
+        "retained_enqueue_ratio_largest_vs_smallest": ratio(by_retained, "enqueue_per_s"),
+        "retained_drain_ratio_largest_vs_smallest": ratio(by_retained, "drain_per_s"),
         "window_s": args.window_s,
     }
     print(json.dumps(result))
@@ -149,6 +182,6 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--big", action="store_true", help="also 1,000,000 queued jobs (minutes, GBs)")
+    parser.add_argument("--big", action="store_true", help="also 1,000,000 queued jobs, and retained (minutes, GBs)")
     parser.add_argument("--window-s", type=float, default=6.0)
     asyncio.run(main(parser.parse_args()))
