@@ -36,7 +36,7 @@ from app.module.calendar.external_schemas import (
 from app.module.calendar.fetch import FetchPolicy
 from app.module.calendar.model import Calendar, Event, ExternalSource
 from app.module.calendar.repository import CalendarRepository
-from app.module.calendar.service import ModuleCalendar, new_event_uid
+from app.module.calendar.service import ModuleCalendar, enqueue_keyed, new_event_uid
 from app.module.calendar.sweep_requests import JobRequestSyncExternalAuto
 from app.module.calendar.uploads import FILE_FIELD, RAW_TYPES, read_upload
 
@@ -355,7 +355,4 @@ async def sweep_external(headers: IdempotencyHeaders) -> Response:
     if not principal.admin:
         raise ApiError(403, "forbidden", "an admin token is required")
     sweep = JobRequestSyncExternalAuto(requested_by=principal.uid)
-    client = runtime().client
-    if headers.idempotency_key is None:
-        return _accepted(EnqueuedOnce(await client.enqueue(sweep), replayed=False))
-    return _accepted(await client.enqueue_once(sweep, key=headers.idempotency_key))
+    return _accepted(await enqueue_keyed(runtime().client, sweep, None, headers.idempotency_key))

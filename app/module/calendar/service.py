@@ -18,7 +18,7 @@ from app.module.calendar.requests import JobRequestExportIcs, JobRequestImportIc
 from app.module.calendar.tables import UID_CHARS, URL_CHARS
 from app.text import single_line_problem
 
-__all__ = ["ModuleCalendar"]
+__all__ = ["ModuleCalendar", "enqueue_keyed"]
 
 logger = logging.getLogger(__name__)
 
@@ -156,9 +156,7 @@ class ModuleCalendar:
         return EnqueuedOnce(state.job_id, replayed=True)
 
     async def _queue(self, request: JobRequest, owner_uid: str, idempotency_key: str | None) -> EnqueuedOnce:
-        if idempotency_key is None:
-            return EnqueuedOnce(await self._client.enqueue(request, owner_uid), replayed=False)
-        return await self._client.enqueue_once(request, owner_uid, key=idempotency_key)
+        return await enqueue_keyed(self._client, request, owner_uid, idempotency_key)
 
     # --- external calendars ---------------------------------------------------------------------------
 
@@ -195,6 +193,15 @@ class ModuleCalendar:
         """Queue a sync of the external calendar now."""
         await self.external(key, owner_uid)
         return await self._queue(JobRequestSyncExternal(calendar_key=key, force=force), owner_uid, idempotency_key)
+
+
+async def enqueue_keyed(
+    client: ClientAgent, request: JobRequest, user_uid: str | None, idempotency_key: str | None
+) -> EnqueuedOnce:
+    """The job of a request that may carry an Idempotency-Key: queued once per key, or each time without one."""
+    if idempotency_key is None:
+        return EnqueuedOnce(await client.enqueue(request, user_uid), replayed=False)
+    return await client.enqueue_once(request, user_uid, key=idempotency_key)
 
 
 def new_event_uid() -> str:
