@@ -224,7 +224,7 @@ class ClientAgent:
         max_in_flight: int | None = None,
     ) -> str:
         """Queue children and a finalizer that runs exactly once after the last child has ended
-        (see agent_async.groups); returns the group id. All or nothing."""
+        (see agent_async.groups); returns the group id. All or nothing; resent as `enqueue` is."""
         return await self.agent.groups.create(children, finalizer, user_uid=user_uid, max_in_flight=max_in_flight)
 
     async def get_group(self, group_id: str) -> GroupView | None:

@@ -97,15 +97,17 @@ class BatchEnqueueError(EnqueueError):
 class QueueUnavailableError(AgentError, ConnectionError):
     """Redis cannot be reached (connection refused, timeout); the HTTP layer answers 503.
 
-    Raised by state reads, and by an enqueue once Redis stayed unreachable for
+    Raised by state reads, and by an enqueue (or a group's) once Redis stayed unreachable for
     `AgentSettings.enqueue_resend_s`. Then the job was not queued, unless one of its sends ran in
     Redis before the connection was lost, reply unseen: `job_id` is the id it would have, to look
-    up once Redis is back (`ClientAgent.get_state`).
+    up once Redis is back (`ClientAgent.get_state`); `group_id` the same for a group
+    (`ClientAgent.get_group`).
     """
 
-    def __init__(self, message: str, *, job_id: str | None = None) -> None:
+    def __init__(self, message: str, *, job_id: str | None = None, group_id: str | None = None) -> None:
         super().__init__(message)
         self.job_id = job_id
+        self.group_id = group_id
 
 
 class ConnectionCoolingDown(AgentError):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -12,6 +13,7 @@ from redis.asyncio import Redis
 
 from agent_async import (
     Agent,
+    AgentSettings,
     ClientAgent,
     GroupError,
     GroupFinalizer,
@@ -20,9 +22,11 @@ from agent_async import (
     JobStatus,
     agent_job,
 )
+from agent_async.errors import QueueUnavailableError
 from agent_async.groups import MAX_GROUP_CHILDREN
 from agent_async.store.groups import GroupStatus
-from tests.conftest import Drain, running_worker, wait_for_status
+from tests.conftest import REDIS_URL, Drain, running_worker, wait_for_status
+from tests.reply_loss import reply_losing_proxy
 
 
 class Flaky(Exception):
@@ -214,3 +218,75 @@ async def test_group_keys_expire_with_the_retention_once_finalized(
     for suffix in ("", ":ended", ":failed"):
         ttl = await redis.ttl(group_key + suffix)
         assert 0 < ttl <= agent.settings.state_retention_s, (suffix, ttl)
+
+
+async def test_a_group_whose_reply_was_lost_is_created_once(
+    drain: Drain, agent: Agent, client: ClientAgent, redis: Redis, namespace: str
+) -> None:
+    """The group's script ran in Redis and its reply was lost (the connection cut before it): the
+    producer sends it again and gets the group, created once: two children queued, three waiting,
+    one finalizer run. (Before, enqueue_group raised QueueUnavailableError for a group that
+    existed; a second send without the resend mark is refused as a duplicate id.)"""
+    script = agent.groups._groups._create
+    await redis.script_load(script.source)  # the lost reply is a run's, not NOSCRIPT's
+    async with reply_losing_proxy(REDIS_URL) as proxy:
+        proxy.lose_reply_to(script.sha.encode())
+        async with Agent(dataclasses.replace(agent.settings, redis_url=proxy.url)) as through_proxy:
+            group_id = await ClientAgent(through_proxy).enqueue_group(
+                [Child() for _ in range(5)], Final(note="once"), max_in_flight=2
+            )
+    assert proxy.lost == 1, "the group's reply was lost on the way"
+    view = await client.get_group(group_id)
+    assert view is not None and (view.total, view.in_flight, view.waiting) == (5, 2, 3)
+    assert await redis.zcard(agent.engine.names.queue) == 2, "the first two children, queued once"
+    view_after = await drain_until_final(drain, client, group_id)
+    assert (view_after["succeeded"], view_after["failed"]) == (5, 0)
+    assert [f["note"] for f in await finals(redis, namespace)] == ["once"]
+
+
+async def test_only_the_same_send_is_taken_for_a_lost_group(agent: Agent, redis: Redis) -> None:
+    """A resend is recognised by the group's creation millisecond: a group id that exists from
+    another send is still refused, resent or not; only the resend of its very millisecond is
+    answered as its send was (here: no child, 0 queued), and writes nothing."""
+    script = agent.groups._groups._create
+    group_id = "chosen-group"
+    group = agent.keys.group(group_id)
+    await redis.hset(group, mapping={"id": group_id, "created_ms": 1})
+    for created_ms, resent, reply in ((2, False, -1), (2, True, -1), (1, False, -1), (1, True, 0)):
+        call = script(
+            [group, agent.keys.active_index, agent.keys.groups_final_pending],
+            [group_id, created_ms, 60, 0, "", "final-id", "{}", "1" if resent else ""],
+        )
+        assert await agent.job_store.run(call) == reply, (created_ms, resent)
+    assert await redis.hgetall(group) == {b"id": group_id.encode(), b"created_ms": b"1"}, "nothing written"
+
+
+async def test_a_group_is_sent_again_while_redis_is_unreachable_then_names_itself() -> None:
+    """Redis unreachable (a listener that drops every connection): enqueue_group is sent again for
+    AGENT_ENQUEUE_RESEND_SECONDS, then QueueUnavailableError carries the group's id; 0: one send."""
+    connections = 0
+
+    async def drop(_r: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        writer.close()
+
+    server = await asyncio.start_server(drop, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        for resend_s, at_least, at_most in ((0.0, 1, 1), (0.5, 3, 12)):
+            connections = 0
+            settings = AgentSettings(redis_url=f"redis://127.0.0.1:{port}/0", namespace="t-unreachable-group",
+                                     enqueue_resend_s=resend_s)
+            unreachable = Agent(settings)
+            unreachable.job_store.bind(Redis.from_url(settings.redis_url))
+            try:
+                with pytest.raises(QueueUnavailableError) as raised:
+                    await ClientAgent(unreachable).enqueue_group([Child()], Final())
+            finally:
+                await unreachable.job_store.redis.aclose()
+            assert raised.value.group_id is not None and len(raised.value.group_id) == 32
+            assert at_least <= connections <= at_most, (resend_s, connections)
+    finally:
+        server.close()
+        await server.wait_closed()

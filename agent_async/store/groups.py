@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from agent_async.errors import DuplicateJobError
+from agent_async.errors import DuplicateJobError, QueueUnavailableError
 from agent_async.lifecycle import now_ms
+from agent_async.outage import send_through_outage
 from agent_async.store import codec
 from agent_async.store.jobs import JobStore, _reachable
 from agent_async.store.scripts import run_script, store_script
@@ -101,16 +102,30 @@ class GroupStore:
         max_in_flight: int,
         user_uid: str | None,
     ) -> int:
-        """Write the group, its first children and the rest as waiting, all or nothing."""
+        """Write the group, its first children and the rest as waiting, all or nothing.
+
+        Sent again while Redis is unreachable, as an enqueue is (`JobStore.enqueue_resend_s`): a
+        resend that finds the group its earlier send created (reply lost) answers as that send
+        did. Past that budget QueueUnavailableError, with the group's id in `group_id`."""
         k = self._jobs.keys
-        args: list[str | int] = [
-            group_id, now_ms(), self._jobs.retention_s, max_in_flight, user_uid or "",
-            finalizer.job_id, finalizer.to_json(), *(child.to_json() for child in children),
+        keys = [k.group(group_id), k.active_index, k.groups_final_pending]
+        head: list[str | int] = [
+            group_id, now_ms(), self._jobs.retention_s, max_in_flight, user_uid or "", finalizer.job_id,
+            finalizer.to_json(),
         ]
-        with _reachable(f"create group {group_id}"):
-            queued = int(await run_script(
-                self._jobs.redis, self._create([k.group(group_id), k.active_index, k.groups_final_pending], args)
-            ))
+        specs = [child.to_json() for child in children]
+
+        async def send(resent: bool) -> int:
+            with _reachable(f"create group {group_id}"):
+                call = self._create(keys, [*head, "1" if resent else "", *specs])
+                return int(await run_script(self._jobs.redis, call))
+
+        try:
+            queued = await send_through_outage(
+                send, for_s=self._jobs.enqueue_resend_s, errors=(QueueUnavailableError,)
+            )
+        except QueueUnavailableError as exc:
+            raise QueueUnavailableError(str(exc), group_id=group_id) from exc
         if queued < 0:
             raise DuplicateJobError(f"group id {group_id} already exists")
         return queued

@@ -60,6 +60,8 @@ class JobStore:
         self.metrics_key = metrics_key = keys.metrics if metrics else ""
         self.retention_s = retention_s
         self.lease_ms = lease_ms
+        # How long a write that creates jobs is sent again while Redis is unreachable (Enqueues, groups).
+        self.enqueue_resend_s = enqueue_resend_s
         self._redis: Redis | None = None
         self._engine_lua = engine_lua
         # State reads of concurrent callers share round trips (autopipeline.py).
