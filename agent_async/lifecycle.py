@@ -124,6 +124,7 @@ def dropped_outcome(reason: str | None, *, canceled: bool = False) -> Outcome:
 def lua_constants() -> dict[str, str]:
     """Placeholders the store's Lua files use, and their values (substituted when loaded)."""
     return {
-        "@TERMINAL@": ",".join(sorted(s.value for s in TERMINAL)),
+        # A Lua table constructor's entries: the set lib.lua's is_terminal looks a status up in.
+        "@TERMINAL_SET@": ",".join(f"['{s.value}']=true" for s in sorted(TERMINAL)),
         "@WORKER_LOST@": ErrorKind.WORKER_LOST.value,
     }

@@ -26,14 +26,15 @@ async def queue_jobs(
 
 
 async def claim(
-    redis: Redis, names: EngineNames, wanted: int, read_limit: int = 100, at: int | str | None = None
+    redis: Redis, names: EngineNames, wanted: int, read_limit: int = 100, at: int | str | None = None, held: int = 0
 ) -> Claimed:
-    call = claim_call(names.queue, names.wake_key, wanted=wanted, ttl_ms=TTL_MS, read_limit=read_limit, at=at)
+    call = claim_call(names.queue, names.wake_key, wanted=wanted, ttl_ms=TTL_MS, read_limit=read_limit, at=at,
+                      held=held)
     return parse_claim(await run_script(redis, call))
 
 
 async def test_one_free_slot_skips_jobs_claimed_elsewhere_past_the_first_page(redis: Redis, namespace: str) -> None:
-    """40 due jobs, the first 35 run by other workers: a claim of 1 (its pages are 16 entries) still
+    """40 due jobs, the first 35 run by other workers: a claim of 1 (its pages grow from 4 entries) still
     finds the 36th, marks it in progress, and says more are due."""
     names = EngineNames(namespace)
     ids = await queue_jobs(redis, names, 40, at_ms=now_ms() - 1000, claimed_elsewhere=35)
@@ -75,10 +76,33 @@ async def test_deferred_jobs_are_left_and_the_next_one_is_named(redis: Redis, na
         assert (got.jobs, got.next_ms) == ([], later_ms)
 
 
+async def page_reads(redis: Redis) -> int:
+    stats = await redis.info("commandstats")
+    return sum(int(v["calls"]) for k, v in stats.items() if k == "cmdstat_zrangebyscore")
+
+
+async def test_the_first_page_reads_past_the_jobs_the_worker_runs(redis: Redis, namespace: str) -> None:
+    """A busy worker's claim says how many jobs it runs (`held`): they head the queue until they
+    finish, and its first page reads past them, so it takes the next ones in one read of the queue;
+    told nothing, it reads pages of growing length until it finds them."""
+    names = EngineNames(namespace)
+    ids = await queue_jobs(redis, names, 20, at_ms=now_ms() - 1000, claimed_elsewhere=7)
+    before = await page_reads(redis)
+    got = await claim(redis, names, 3, held=7)
+    assert [job for job, _ in got.jobs] == ids[7:10]
+    assert await page_reads(redis) - before == 1
+    for engine_id in ids[7:10]:  # as if they ran elsewhere too: the next claim, told nothing, pages
+        await redis.set(in_progress_key_prefix + engine_id, "1", px=TTL_MS)
+    before = await page_reads(redis)
+    got = await claim(redis, names, 3)
+    assert [job for job, _ in got.jobs] == ids[10:13]
+    assert await page_reads(redis) - before == 3  # 4, then 8, then 16 entries
+
+
 async def test_an_idle_claim_reads_the_queue_once_past_jobs_claimed_elsewhere(redis: Redis, namespace: str) -> None:
-    """20 due jobs all run elsewhere, then a deferred one: the claim of an idle worker reads two
-    pages (16 entries, then the rest), and the second one, which runs into the deferred job, names
-    it: no separate query for the next deferred time."""
+    """20 due jobs, 18 of them run elsewhere, then a deferred one: the claim of an idle worker that
+    runs nothing itself reads pages of due jobs of growing length (4, 8, then 16 entries), without
+    their scores, then the next deferred job's score alone: four reads, none of the whole queue."""
     names = EngineNames(namespace)
     await queue_jobs(redis, names, 20, at_ms=now_ms() - 1000, claimed_elsewhere=18)
     later_ms = now_ms() + 60_000
@@ -91,4 +115,4 @@ async def test_an_idle_claim_reads_the_queue_once_past_jobs_claimed_elsewhere(re
     assert [job for job, _ in got.jobs] == [f"{namespace}:job-018", f"{namespace}:job-019"]
     assert got.next_ms == later_ms
     reads = sum(after.values()) - sum(before.values())
-    assert reads == 2, after
+    assert reads == 4, after

@@ -185,7 +185,8 @@ def test_now_ms_is_epoch_milliseconds() -> None:
 
 def test_lua_constants_match_the_python_rules() -> None:
     constants = lua_constants()
-    assert set(constants["@TERMINAL@"].split(",")) == {s.value for s in TERMINAL}
+    entries = constants["@TERMINAL_SET@"].split(",")
+    assert {entry.removeprefix("['").removesuffix("']=true") for entry in entries} == {s.value for s in TERMINAL}
     assert constants["@WORKER_LOST@"] == ErrorKind.WORKER_LOST.value
 
 

@@ -86,23 +86,26 @@ class Pickup:
 
 def claim_call(
     queue: str, wake_key: str, *, wanted: int, ttl_ms: int, read_limit: int, at: int | str | None = None,
-    pickup: Pickup | None = None, mark: str = ARQ_MARK,
+    pickup: Pickup | None = None, mark: str = ARQ_MARK, held: int = 0,
 ) -> ScriptCall:
     """The claim of up to `wanted` due jobs, due as of `at` (now by default; SERVER_NOW: Redis's
     clock when the script runs); with `pickup`, each of this namespace's jobs is picked up too.
-    Their in-progress keys hold `mark` (engine/hand_backs.py)."""
-    args = [now_ms() if at is None else at, ttl_ms, in_progress_key_prefix, mark, wanted, read_limit]
+    Their in-progress keys hold `mark` (engine/hand_backs.py). `held`: how many jobs the worker
+    runs, which sit at the head of the queue until they finish (the claim's first page reads past
+    them: claim_lib.lua)."""
+    args = [now_ms() if at is None else at, ttl_ms, in_progress_key_prefix, mark, wanted, read_limit, held]
     if pickup is None:
         return _CLAIM_BATCH([queue, wake_key], args)
     return pickup.script([queue, wake_key], [*args, *pickup.args])
 
 
 def claim_in_finish(
-    wanted: int, *, ttl_ms: int, read_limit: int, pickup: Pickup, mark: str = ARQ_MARK
+    wanted: int, *, ttl_ms: int, read_limit: int, pickup: Pickup, mark: str = ARQ_MARK, held: int = 0
 ) -> tuple[int, tuple[str | int, ...]]:
     """The claim a finish call makes (finish_batch.lua's arguments after the runs): `wanted` jobs,
-    claimed and picked up as `claim_call` does (`pickup`'s arguments)."""
-    return wanted, (ttl_ms, in_progress_key_prefix, mark, read_limit, *pickup.args)
+    claimed and picked up as `claim_call` does (`pickup`'s arguments; `held`: the jobs the worker
+    runs besides the runs this call ends)."""
+    return wanted, (ttl_ms, in_progress_key_prefix, mark, read_limit, held, *pickup.args)
 
 
 def mark_in_finish(claim_args: Sequence[str | int]) -> str:
@@ -110,13 +113,21 @@ def mark_in_finish(claim_args: Sequence[str | int]) -> str:
     return str(claim_args[2])
 
 
+# claim_lib.lua's reply holds this many values per job (pickup.lua's PICKUP_STRIDE): engine id,
+# score, picked up (1/0), the job's record, tries, aborted, then the START's reply (three values).
+_STRIDE = 9
+
+
 def parse_claim(reply: Sequence[Any]) -> Claimed:
     jobs, picked = [], {}
-    for i in range(1, len(reply), 3):
+    for i in range(1, len(reply), _STRIDE):
         engine_id = bytes(reply[i]).decode()
         jobs.append((engine_id, int(float(reply[i + 1]))))
-        if (p := reply[i + 2]) is not None:
-            picked[engine_id] = PickedUp(p[0], int(p[1]), int(p[2]), p[3])
+        if reply[i + 2] == 1:
+            code, *rest = reply[i + 6:i + 9]
+            # The START's reply as start.lua gives it (None: the start failed in Redis).
+            start = None if code is None else [code, *(v for v in rest if v is not None)]
+            picked[engine_id] = PickedUp(reply[i + 3], int(reply[i + 4]), int(reply[i + 5]), start)
     return Claimed(jobs, int(reply[0]), picked)
 
 

@@ -145,7 +145,7 @@ class FastWorker(StoppableWorker, DirectRun):
     def _claim_call(self, free: int, at: int | str | None = None, mark: str = ARQ_MARK) -> ScriptCall:
         return claim_call(
             self.queue_name, self._names.wake_key, wanted=free, ttl_ms=self._claim_ttl_ms,
-            read_limit=self.queue_read_limit, at=at, pickup=self._pickup, mark=mark,
+            read_limit=self.queue_read_limit, at=at, pickup=self._pickup, mark=mark, held=self.job_counter,
         )
 
     async def _claim(self, free: int) -> Wait | None:
@@ -199,7 +199,8 @@ class FastWorker(StoppableWorker, DirectRun):
         if self._taking_no_jobs or (self.burst and self.max_burst_jobs >= 0):
             return 0, ()
         return claim_in_finish(len(runs), ttl_ms=self._claim_ttl_ms, read_limit=self.queue_read_limit,
-                               pickup=self._pickup, mark=self._hand_backs.mark())
+                               pickup=self._pickup, mark=self._hand_backs.mark(),
+                               held=max(0, self.job_counter - len(runs)))
 
     def unanswered(self, claim_args: tuple[str | int, ...]) -> None:
         self._hand_backs.lost(mark_in_finish(claim_args))

@@ -85,5 +85,10 @@ class GuardResult(StrEnum):
 
 
 def lua_constants(metrics_key: str) -> dict[str, str]:
-    """Placeholders of store/lua/lib.lua: the hash ('' = metrics off) and the bounds in ms."""
-    return {"@METRICS@": metrics_key, "@BUCKETS_MS@": ",".join(str(b) for b in bucket_bounds_ms())}
+    """Placeholders of store/lua/lib.lua: the hash ('' = metrics off), the bounds in ms, and the same
+    bounds as the text of their field names (a number turned into text costs Redis a printf)."""
+    bounds = bucket_bounds_ms()
+    return {
+        "@METRICS@": metrics_key, "@BUCKETS_MS@": ",".join(str(b) for b in bounds),
+        "@BUCKET_NAMES@": ",".join(f"'{b}'" for b in bounds),
+    }

@@ -14,7 +14,8 @@
 --        the attempt it ends (0: any), done (1|0), queued again: its score's increment ms (0: due
 --        now; -1: not queued again)],
 --       then jobs to claim (0: none) and, when some: in-progress ttl ms, in-progress key prefix,
---       the claim's mark, read limit, then the pickup's (pickup.lua's pickup_setup)
+--       the claim's mark, read limit, jobs the worker holds claimed besides these runs (claim_lib.lua's
+--       `held`), then the pickup's (pickup.lua's pickup_setup)
 -- Reply: {per run, 1 (0 if its transition found the state already terminal or gone; -1 if its
 --        attempt was over: a finish sent again after its reply was lost, arq's part then left
 --        alone, since the first send did it and the job may be running again), or the text
@@ -58,8 +59,9 @@ end
 if requeued then engine_wake(queue) end
 local wanted, claimed = tonumber(ARGV[7]), false
 if wanted > 0 then
-  pickup_setup(ARGV, 12)
-  claimed = claim(queue, wake, tonumber(now), ARGV[8], ARGV[9], ARGV[10], wanted, tonumber(ARGV[11]), false)
+  pickup_setup(ARGV, 13)
+  claimed = claim(queue, wake, tonumber(now), ARGV[8], ARGV[9], ARGV[10], wanted, tonumber(ARGV[11]), false,
+                  tonumber(ARGV[12]))
 end
 batch_end()
 return {replies, claimed}

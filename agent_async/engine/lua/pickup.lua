@@ -8,9 +8,13 @@
 -- ARGV: none of its own: pickup_setup(args, first) reads, from args[first] on: engine id prefix of
 --       this namespace's jobs, state key prefix, active index, leases, lease ms, retention s, arq's
 --       abort set ('' if aborts are off) (Pickup.args, engine/claim.py)
--- pickup_all(engine ids, now) -> per job {job, tries, aborted, start reply}, or false for a job
--- that is not one of this namespace's tracked jobs (a cron tick): arq then picks it up itself.
+-- pickup_all(engine ids, scores, now, reply) appends to `reply`, per job, PICKUP_STRIDE values:
+-- engine id, score, then 1, job, tries, aborted and start_job's three values (false where it gave
+-- none, all false if the start failed), or 0 and six false for a job that is not one of this
+-- namespace's tracked jobs (a cron tick): arq then picks it up itself. Flat: each table in a
+-- script's reply costs Redis a dozen lookups to convert.
 
+local PICKUP_STRIDE = 9
 local P_ENGINE, P_STATE, P_ACTIVE, P_LEASES, P_LEASE_MS, P_RETENTION, P_ABORT
 
 local function pickup_setup(args, first)
@@ -18,20 +22,20 @@ local function pickup_setup(args, first)
   P_LEASE_MS, P_RETENTION, P_ABORT = tonumber(args[first + 4]), args[first + 5], args[first + 6]
 end
 
-local function pickup_one(engine_id, job, now, abort_live)
+local function pickup_one(engine_id, job, now, lease_expiry, abort_live, reply)
   local job_id = string.sub(engine_id, #P_ENGINE + 1)
   local aborted = 0
   if abort_live then aborted = redis.call('ZREM', P_ABORT, engine_id) end
   -- A state that makes the start fail (not a hash) fails this job's start alone, not the claim of
   -- the others: the worker then sends the start itself, which reports the error.
-  local ok, started = pcall(start_job, P_STATE .. job_id, P_ACTIVE, P_LEASES, job_id, now, now + P_LEASE_MS,
-                            P_RETENTION)
-  if not ok then started = false end
+  local ok, code, user, name = pcall(start_job, P_STATE .. job_id, P_ACTIVE, P_LEASES, job_id, now, lease_expiry,
+                                     P_RETENTION)
+  if not ok then code, user, name = false, false, false end
   -- The try: a job the start ran counts its tries in its state (attempts, one more at each start,
   -- none for a hand-back, which undoes its start), the count every limit of ours reads; arq's own
   -- tries key would repeat it, one command per job. A job not started here (refused, or a state
   -- that failed) keeps arq's count: arq's INCR then EXPIRE, a first try in one SET.
-  local tries = started and started[1] > 0 and started[1] or nil
+  local tries = code and code > 0 and code or nil
   if not tries then
     local tries_key = '@RETRY_PREFIX@' .. engine_id
     tries = 1
@@ -40,25 +44,36 @@ local function pickup_one(engine_id, job, now, abort_live)
       redis.call('EXPIRE', tries_key, @RETRY_TTL_S@)
     end
   end
-  return {job or false, tries, aborted, started}
+  local n = #reply
+  reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4] = 1, job or false, tries, aborted
+  reply[n + 5], reply[n + 6], reply[n + 7] = code, user or false, name or false
 end
 
-local function pickup_all(engine_ids, now)
-  local out, mine, job_keys = {}, {}, {}
+local function pickup_all(engine_ids, scores, now, reply)
+  local mine, job_keys = {}, {}
   for i, engine_id in ipairs(engine_ids) do
-    out[i] = false
     if string.sub(engine_id, 1, #P_ENGINE) == P_ENGINE and string.sub(engine_id, #P_ENGINE + 1, #P_ENGINE + 5) ~= 'cron:' then
-      mine[#mine + 1] = i
+      mine[i] = true
       job_keys[#job_keys + 1] = engine_job_key(engine_id)
     end
   end
-  if #mine == 0 then return out end
   -- Every job's record in one call; whether arq's abort set holds anything, once (the script is
   -- atomic, and only our own ZREMs change it meanwhile).
-  local jobs = redis.call('MGET', unpack(job_keys))
-  local abort_live = P_ABORT ~= '' and redis.call('EXISTS', P_ABORT) == 1
+  local jobs = #job_keys > 0 and redis.call('MGET', unpack(job_keys)) or {}
+  local abort_live = #job_keys > 0 and P_ABORT ~= '' and redis.call('EXISTS', P_ABORT) == 1
+  local now_text, lease_expiry = int_text(now), int_text(now + P_LEASE_MS)
+  local k = 0
   batch_begin()
-  for n, i in ipairs(mine) do out[i] = pickup_one(engine_ids[i], jobs[n], now, abort_live) end
+  for i, engine_id in ipairs(engine_ids) do
+    local n = #reply
+    reply[n + 1], reply[n + 2] = engine_id, scores[i]
+    if mine[i] then
+      k = k + 1
+      pickup_one(engine_id, jobs[k], now_text, lease_expiry, abort_live, reply)
+    else
+      reply[n + 3], reply[n + 4], reply[n + 5], reply[n + 6] = 0, false, false, false
+      reply[n + 7], reply[n + 8], reply[n + 9] = false, false, false
+    end
+  end
   batch_end()
-  return out
 end

@@ -49,12 +49,13 @@ end
 -- zset writes (enqueue_job.lua: a queue of the wrong type then refuses the job, no TYPE call):
 -- engine_queue_entry gives (zset, score, member), engine_store writes the job and wakes a worker
 -- (or not: `wake` false, for a batch that wakes once for all its jobs).
+-- Times and TTLs go to Redis as the text they came as (a number would be formatted with printf).
 local function engine_queue_entry(queue, engine_id, score_ms)
-  return queue, tonumber(score_ms), engine_id
+  return queue, score_ms, engine_id
 end
 
 local function engine_store(queue, job_key, job_bytes, ttl_ms, wake)
-  redis.call('PSETEX', job_key, tonumber(ttl_ms), job_bytes)
+  redis.call('PSETEX', job_key, ttl_ms, job_bytes)
   if wake then engine_wake(queue) end
 end
 

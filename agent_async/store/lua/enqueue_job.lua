@@ -20,33 +20,52 @@ local C = nil
 local function enqueue_begin(constants)
   batch_begin()
   C = constants
-  Q = {zsets = {}, counts = {}, count_order = {}, prunes = {}, prune_order = {}, woken = 0}
+  Q = {zsets = {}, counts = {}, count_order = {}, prunes = {}, prune_order = {}, woken = 0, name_idx = {}}
 end
 
--- One job's zset entries, all or none. A key's first write in the call goes at once, through
--- pcall: a key of the wrong type refuses the job, and what it wrote is undone (a TYPE check of each
--- key first cost one call per key and job). Later writes to a key known to be a zset are collected.
+-- One job's zset entries, all or none: `zsets` holds (key, score, member) triples in a row. A key's
+-- first write in the call goes at once, through pcall: a key of the wrong type refuses the job, and
+-- what it wrote is undone (a TYPE check of each key first cost one call per key and job). Later
+-- writes to a key known to be a zset are collected.
 local function write_zsets(zsets)
-  local written = {}
-  for _, z in ipairs(zsets) do
-    if z[1] ~= '' and not Q.zsets[z[1]] then
-      local reply = redis.pcall('ZADD', z[1], z[2], z[3])
+  local written = nil
+  for i = 1, #zsets, 3 do
+    local key = zsets[i]
+    if key ~= '' and not Q.zsets[key] then
+      local reply = redis.pcall('ZADD', key, zsets[i + 1], zsets[i + 2])
       if type(reply) == 'table' and reply.err then
-        for _, w in ipairs(written) do redis.call('ZREM', w[1], w[3]) end
+        if written then
+          for _, w in ipairs(written) do redis.call('ZREM', zsets[w], zsets[w + 2]) end
+        end
         return false
       end
-      written[#written + 1] = z
+      written = written or {}
+      written[#written + 1] = i
     end
   end
-  for _, z in ipairs(zsets) do
-    if Q.zsets[z[1]] then zadd_later(z[1], z[2], z[3]) end
+  for i = 1, #zsets, 3 do
+    if Q.zsets[zsets[i]] then zadd_later(zsets[i], zsets[i + 1], zsets[i + 2]) end
   end
-  for _, w in ipairs(written) do Q.zsets[w[1]] = true end
+  if written then
+    for _, w in ipairs(written) do Q.zsets[zsets[w]] = true end
+  end
   return true
 end
 
+-- The job-type index of `name`, built once per call.
+local function name_index(name)
+  local index = Q.name_idx[name]
+  if not index then
+    index = idx_key(C.active, 'name:' .. name)
+    Q.name_idx[name] = index
+  end
+  return index
+end
+
 local function enqueue_job(job)
-  local job_id, now, name, payload, user, schedule = job[1], tonumber(job[2]), job[3], job[4], job[5], job[6]
+  -- created: the creation ms as text (what the writes below take); now: the same, as a number.
+  local job_id, created, name, payload, user, schedule = job[1], job[2], job[3], job[4], job[5], job[6]
+  local now = tonumber(created)
   local gate, limit, gate_expiry, score, ttl_ms = job[7], tonumber(job[8]), job[9], job[10], job[11]
   local state, engine_id = C.state_prefix .. job_id, C.engine_prefix .. job_id
   local engine_key = engine_job_key(engine_id)
@@ -60,7 +79,7 @@ local function enqueue_job(job)
   local gated = gate ~= '' and limit > 0
   if gated then
     if not zset_or_none(gate) then return -2 end
-    redis.call('ZREMRANGEBYSCORE', gate, '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', gate, '-inf', created)
     if redis.call('ZCARD', gate) >= limit then
       metric('gate|' .. name)
       return 0
@@ -70,10 +89,8 @@ local function enqueue_job(job)
   local sched_idx = schedule ~= '' and C.schedule_prefix .. schedule or ''
   -- The engine's queue is one of the checked zset writes (no TYPE call for it either).
   local q_key, q_score, q_member = engine_queue_entry(C.queue, engine_id, score)
-  local zsets = {
-    {q_key, q_score, q_member}, {C.active, now, job_id}, {C.all_idx, now, job_id},
-    {idx_key(C.active, 'name:' .. name), now, job_id}, {user_idx, now, job_id}, {sched_idx, now, job_id},
-  }
+  local zsets = {q_key, q_score, q_member, C.active, created, job_id, C.all_idx, created, job_id,
+                 name_index(name), created, job_id, user_idx, created, job_id, sched_idx, created, job_id}
   if not write_zsets(zsets) then return -2 end
   local fields = {'name', name, 'status', 'PENDING', 'payload', payload, 'attempts', '0', 'created_ms', job[2],
                   'resume', job[12], 'max_try', job[13], 'updated_ms', job[2]}
@@ -84,16 +101,16 @@ local function enqueue_job(job)
   for i = 16, #job do fields[#fields + 1] = job[i] end
   if gated then
     fields[#fields + 1] = 'gate'; fields[#fields + 1] = gate
-    fields[#fields + 1] = 'gate_ttl_ms'; fields[#fields + 1] = tonumber(gate_expiry) - now
+    fields[#fields + 1] = 'gate_ttl_ms'; fields[#fields + 1] = int_text(tonumber(gate_expiry) - now)
   end
   redis.call('HSET', state, unpack(fields))
-  emit_known(job_id, 'PENDING', now, name, user, '0', '')
+  emit_known(job_id, 'PENDING', created, name, user, '0', '')
   if gated then
     redis.call('ZADD', gate, gate_expiry, job_id)
     if redis.call('PTTL', gate) < tonumber(gate_expiry) - now then redis.call('PEXPIREAT', gate, gate_expiry) end
   end
   if job[14] ~= '' then redis.call('HSET', C.owned, job_id, job[14]) end
-  engine_store(C.queue, engine_key, engine_job_bytes(name, payload, job[2]), ttl_ms, false)
+  engine_store(C.queue, engine_key, engine_job_bytes(name, payload, created), ttl_ms, false)
   Q.woken = Q.woken + 1
   tally(Q.counts, Q.count_order, name, 1)
   if user_idx ~= '' then tally(Q.prunes, Q.prune_order, user_idx, 1) end

@@ -1,7 +1,15 @@
 -- Helpers shared by every store script; loaded in front of each of them, after the engine's
 -- library. @NAME@ placeholders are filled in from agent_async.lifecycle when the file is loaded.
+--
+-- Redis's costs that shape this code (Redis 7.0, measured with callgrind: docs/performance.md):
+-- a number passed to redis.call is turned into text with printf("%.17g"), and so is a number
+-- concatenated into a string, each about as costly as a small command: times travel as the text
+-- they arrived as (a script's ARGV), and a number is made text once per call (int_text). A field
+-- that HMGET asks for and the hash lacks costs a scan of the whole hash: reads ask for what the
+-- common path needs. Every table a reply becomes, and every table a script builds, costs an
+-- allocation and a little garbage collection.
 
-local TERMINAL = ',@TERMINAL@,'
+local TERMINAL_SET = {@TERMINAL_SET@}
 local WORKER_LOST = '@WORKER_LOST@'
 local PRUNE_BATCH = @PRUNE_BATCH@
 local PRUNE_EVERY = @PRUNE_EVERY@
@@ -9,8 +17,21 @@ local EVENTS = '@EVENTS@'
 local EVENTS_KEPT = @EVENTS_KEPT@
 local EVENTS_PER_ENTRY = @EVENTS_PER_ENTRY@
 local METRICS = '@METRICS@'
--- Histogram bucket bounds in ms, ascending (agent_async.metrics.layout.BUCKETS_S).
+-- Histogram bucket bounds in ms, ascending (agent_async.metrics.layout.BUCKETS_S), and the same
+-- as the text of their fields.
 local BUCKETS_MS = {@BUCKETS_MS@}
+local BUCKET_NAMES = {@BUCKET_NAMES@}
+
+-- A whole number as text, formatted once per script call for each value (see above).
+local INT_TEXT = {}
+local function int_text(n)
+  local text = INT_TEXT[n]
+  if not text then
+    text = string.format('%d', n)
+    INT_TEXT[n] = text
+  end
+  return text
+end
 
 -- A script that moves many jobs at once (the fast worker's claim and its finishes) shares the
 -- writes its jobs make to the same keys: the index entries each start or end adds and drops,
@@ -91,8 +112,8 @@ local function observe(kind, name, ms)
   if METRICS == '' or not ms then return end
   if ms < 0 then ms = 0 end
   local bound = 'inf'
-  for _, b in ipairs(BUCKETS_MS) do
-    if ms <= b then bound = b; break end
+  for i = 1, #BUCKETS_MS do
+    if ms <= BUCKETS_MS[i] then bound = BUCKET_NAMES[i]; break end
   end
   metric(kind .. '_b|' .. name .. '|' .. bound)
   metric(kind .. '_sum|' .. name, math.floor(ms))
@@ -111,7 +132,9 @@ end
 -- An entry holds one event (its fields) or, for a batch's, up to EVENTS_PER_ENTRY of them as one
 -- JSON list of [job, status, name, user, attempts, error, ms] (type 'batch'; the k-th is event
 -- ms-seq.k to a reader, store/events.py): each XADD costs Redis some 4 µs over its work, the JSON
--- about 1 per event, and a claim or a finish of ten jobs made ten of them.
+-- about 1 per event, and a claim or a finish of ten jobs made ten of them. (An event built as
+-- JSON text in Lua instead of a table cjson encodes at the end cost Redis more: every string
+-- Lua makes is hashed and interned.)
 local function xadd_event(e)
   redis.call('XADD', EVENTS, 'MAXLEN', '~', EVENTS_KEPT, '*', 'type', 'status', 'job', e[1], 'status', e[2],
              'name', e[3], 'user', e[4], 'attempts', e[5], 'error', e[6], 'ms', e[7])
@@ -131,11 +154,13 @@ local function send_events(events)
 end
 
 -- emit_known: for a script that already holds the state's fields as they now are (no read).
+-- `attempts` and `now` as text (a number is formatted here).
 local function emit_known(job_id, status, now, name, user, attempts, err)
   if EVENTS == '' then return end  -- events are off (AGENT_EVENTS_ENABLED=false)
   if attempts == nil or attempts == '' then attempts = '0' end
-  local e = {job_id, status, name or '', user or '', tostring(attempts), err or '',
-             type(now) == 'number' and string.format('%d', now) or now}
+  if type(attempts) == 'number' then attempts = int_text(attempts) end
+  if type(now) == 'number' then now = int_text(now) end
+  local e = {job_id, status, name or '', user or '', attempts, err or '', now}
   if B then B.events[#B.events + 1] = e else xadd_event(e) end
 end
 
@@ -146,7 +171,7 @@ local function emit(state, job_id, status, now)
 end
 
 local function is_terminal(status)
-  return string.find(TERMINAL, ',' .. status .. ',', 1, true) ~= nil
+  return TERMINAL_SET[status] ~= nil
 end
 
 -- The resume rule (agent_async.lifecycle.may_resume): an attempt cut short may run again.
@@ -312,24 +337,31 @@ local function end_job(state, active, leases, job_id, status, now, retention_s, 
   -- Read before the status is overwritten: whether it was running, and since when; and what the
   -- event carries (nothing below changes the name, user or attempts).
   local h = known or redis.call('HMGET', state, unpack(END_FIELDS))
-  local fields = {'status', status, 'updated_ms', now, 'finished_ms', now}
-  if err and err ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = err; h[8] = err end
-  if result and result ~= '' then fields[#fields + 1] = 'result'; fields[#fields + 1] = result end
-  redis.call('HSET', state, unpack(fields))
+  if type(now) == 'number' then now = int_text(now) end
+  local has_err, has_result = err and err ~= '', result and result ~= ''
+  if has_err then h[8] = err end
+  if has_err and has_result then
+    redis.call('HSET', state, 'status', status, 'updated_ms', now, 'finished_ms', now, 'error', err, 'result', result)
+  elseif has_err then
+    redis.call('HSET', state, 'status', status, 'updated_ms', now, 'finished_ms', now, 'error', err)
+  elseif has_result then
+    redis.call('HSET', state, 'status', status, 'updated_ms', now, 'finished_ms', now, 'result', result)
+  else
+    redis.call('HSET', state, 'status', status, 'updated_ms', now, 'finished_ms', now)
+  end
   zrem_later(active, job_id)
   zrem_later(leases, job_id)
   if h[1] then zrem_later(h[1], job_id) end
   redis.call('EXPIRE', state, retention_s)
   local name = h[3] or ''
   zadd_later(idx_key(active, 'status:' .. status), now, job_id)
-  local prefix = string.sub(state, 1, -#job_id - 1)
   if B then
     local kind = name .. '|' .. status
     if tally(B.ends, B.ends_order, kind, 1) == 1 then
-      B.end_args[kind] = {active, name, status, now, retention_s, prefix}
+      B.end_args[kind] = {active, name, status, now, retention_s, string.sub(state, 1, -#job_id - 1)}
     end
   else
-    count_ends(active, name, status, 1, now, retention_s, prefix)
+    count_ends(active, name, status, 1, now, retention_s, string.sub(state, 1, -#job_id - 1))
   end
   emit_known(job_id, status, now, name, h[6], h[7], h[8])
   metric('fin|' .. name .. '|' .. status)
@@ -346,50 +378,59 @@ local function lost_error(lost, resume)
 end
 
 -- PENDING/RETRY -> STARTED (start.lua; the fast worker's claim calls it for each job it claims).
--- Reply: see start.lua.
+-- `now` and `lease_expiry`: ms, as text (or numbers). Returns what start.lua replies, as values:
+-- attempts, user, name when the job may run; -1 (no state); -2, status; -3, status.
+-- It reads what every start needs; a gated job's slot expiry and a redelivery's fields are read
+-- only for those (each field HMGET asks for and the hash lacks is a scan of the whole hash).
 local function start_job(state, active, leases, job_id, now, lease_expiry, retention_s, resent)
-  local h = redis.call('HMGET', state, 'status', 'user', 'name', 'gate', 'gate_ttl_ms', 'resume', 'max_try',
-                       'attempts', 'cancel_requested_ms', 'updated_ms', 'error', 'started_ms')
-  if not h[1] then return {-1} end
-  if is_terminal(h[1]) then return {-2, h[1]} end
-  if resent and h[1] == 'STARTED' and tonumber(h[12]) == now then
-    -- This very start, sent again because its reply was lost (the connection dropped after Redis
-    -- ran it): it started, so it is not a redelivery. No other pickup of the job can have started
-    -- it in the same millisecond, since the engine's in-progress key keeps the job to this one.
-    redis.call('ZADD', leases, lease_expiry, job_id)
-    return {tonumber(h[8]), h[2] or '', h[3]}
-  end
-  if h[1] == 'STARTED' then
+  local h = redis.call('HMGET', state, 'status', 'user', 'name', 'gate', 'attempts', 'updated_ms', 'error')
+  local status, user, name = h[1], h[2] or '', h[3]
+  if not status then return -1 end
+  if TERMINAL_SET[status] then return -2, status end
+  if type(now) == 'number' then now = int_text(now) end
+  if type(lease_expiry) == 'number' then lease_expiry = int_text(lease_expiry) end
+  if status == 'STARTED' then
+    local r = redis.call('HMGET', state, 'started_ms', 'cancel_requested_ms', 'resume', 'max_try')
+    if resent and tonumber(r[1]) == tonumber(now) then
+      -- This very start, sent again because its reply was lost (the connection dropped after Redis
+      -- ran it): it started, so it is not a redelivery. No other pickup of the job can have started
+      -- it in the same millisecond, since the engine's in-progress key keeps the job to this one.
+      redis.call('ZADD', leases, lease_expiry, job_id)
+      return tonumber(h[5]), user, name
+    end
     -- The engine redelivered a run that never finished: its worker was lost.
-    if h[9] then
+    if r[2] then
       end_job(state, active, leases, job_id, 'CANCELED', now, retention_s, 'canceled: its worker was lost while it ran')
-      metric('rec|' .. (h[3] or '') .. '|canceled')
-      return {-3, 'CANCELED'}
+      metric('rec|' .. (name or '') .. '|canceled')
+      return -3, 'CANCELED'
     end
-    if not may_resume(h[6], h[8], h[7]) then
+    if not may_resume(r[3], h[5], r[4]) then
       end_job(state, active, leases, job_id, 'FAILURE', now, retention_s,
-              lost_error('the worker was lost during attempt ' .. h[8], h[6]))
-      metric('rec|' .. (h[3] or '') .. '|failed')
-      return {-3, 'FAILURE'}
+              lost_error('the worker was lost during attempt ' .. h[5], r[3]))
+      metric('rec|' .. (name or '') .. '|failed')
+      return -3, 'FAILURE'
     end
-    metric('rec|' .. (h[3] or '') .. '|resumed')
+    metric('rec|' .. (name or '') .. '|resumed')
   else
     -- From the queue: how long it waited since it was queued (its count is also a run started).
-    observe('wait', h[3] or '', now - tonumber(h[10] or now))
+    observe('wait', name or '', tonumber(now) - tonumber(h[6] or now))
   end
-  local attempts = tonumber(h[8] or '0') + 1
-  redis.call('HSET', state, 'status', 'STARTED', 'started_ms', now, 'updated_ms', now, 'attempts', attempts)
-  emit_known(job_id, 'STARTED', now, h[3], h[2], attempts, h[11])
+  local attempts = tonumber(h[5] or '0') + 1
+  local attempts_text = int_text(attempts)
+  redis.call('HSET', state, 'status', 'STARTED', 'started_ms', now, 'updated_ms', now, 'attempts', attempts_text)
+  emit_known(job_id, 'STARTED', now, name, user, attempts_text, h[7])
   zadd_later(active, now, job_id)
   zadd_later(leases, lease_expiry, job_id)
-  if h[4] then
+  local gate = h[4]
+  if gate then
     -- The slot's safety-net TTL counts from the start of the run, not from the enqueue.
-    local expiry = now + tonumber(h[5])
-    if redis.call('ZADD', h[4], 'XX', 'CH', expiry, job_id) == 1 and redis.call('PTTL', h[4]) < expiry - now then
-      redis.call('PEXPIREAT', h[4], expiry)
+    local ttl_ms = tonumber(redis.call('HGET', state, 'gate_ttl_ms'))
+    local expiry = tonumber(now) + ttl_ms
+    if redis.call('ZADD', gate, 'XX', 'CH', expiry, job_id) == 1 and redis.call('PTTL', gate) < ttl_ms then
+      redis.call('PEXPIREAT', gate, expiry)
     end
   end
-  return {attempts, h[2] or '', h[3]}
+  return attempts, user, name
 end
 
 -- Moves a non-terminal state to a new status (transition.lua; the fast worker's finish_batch.lua

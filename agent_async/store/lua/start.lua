@@ -6,4 +6,4 @@
 -- terminal; {-3, status} ended here: a redelivery of a run whose worker was lost, for a job that
 -- may not resume (or is out of attempts), or that was asked to cancel.
 
-return start_job(KEYS[1], KEYS[2], KEYS[3], ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4], ARGV[5] == '1')
+return {start_job(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4], ARGV[5] == '1')}
