@@ -144,7 +144,7 @@ async def test_the_engines_record_of_a_job_reads_back_as_arqs_own(
     agent: Agent, client: ClientAgent, redis: Redis
 ) -> None:
     """enqueue.lua writes arq's record of each job from the state's payload (queue.lua's
-    engine_job_bytes): arq reads it back as the record engine/wire.py's serialize would write,
+    engine_job_record): arq reads it back as the record engine/wire.py's serialize would write,
     byte for byte for a plain payload, value for value for one with quotes and non-ASCII text."""
     plain = await client.enqueue(Echo(text="x", numbers=[1, 2]))
     tricky = await client.enqueue(Echo(text='quote " slash / é \\ \u2028'))

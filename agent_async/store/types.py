@@ -46,7 +46,7 @@ class EngineRef:
 class EngineQueue:
     """Where the queue engine queues this namespace's new jobs: its queue and the prefix of its job
     ids (engine job id = prefix + job id). The engine's Lua derives each job's keys and record from
-    these (queue.lua's engine_job_key, engine_job_bytes)."""
+    these (queue.lua's engine_job_key, engine_job_record)."""
 
     queue_key: str
     id_prefix: str

@@ -34,10 +34,13 @@ end
 -- argument, the payload (its JSON text, as the state holds it): what arq's serialize_job writes
 -- with our JSON serializer (engine/wire.py's serialize, tested to read back the same), built here
 -- so an enqueue sends the payload once instead of once more inside the record.
+-- engine_job_record(fn) gives record(payload, enqueue ms): the function's part is encoded once for
+-- the jobs of one call that run the same function.
 local function engine_job_key(engine_id) return '@JOB_PREFIX@' .. engine_id end
 
-local function engine_job_bytes(fn, payload, enqueue_ms)
-  return '{"t":null,"f":' .. cjson.encode(fn) .. ',"a":[' .. payload .. '],"k":{},"et":' .. enqueue_ms .. '}'
+local function engine_job_record(fn)
+  local head = '{"t":null,"f":' .. cjson.encode(fn) .. ',"a":['
+  return function(payload, enqueue_ms) return head .. payload .. '],"k":{},"et":' .. enqueue_ms .. '}' end
 end
 
 -- Whether the engine holds the job, or any of the other keys given exists (one call for all).

@@ -20,7 +20,8 @@ local C = nil
 local function enqueue_begin(constants)
   batch_begin()
   C = constants
-  Q = {zsets = {}, counts = {}, count_order = {}, prunes = {}, prune_order = {}, woken = 0, name_idx = {}}
+  Q = {zsets = {}, counts = {}, count_order = {}, prunes = {}, prune_order = {}, woken = 0, name_idx = {},
+       records = {}}
 end
 
 -- One job's zset entries, all or none: `zsets` holds (key, score, member) triples in a row. A key's
@@ -60,6 +61,16 @@ local function name_index(name)
     Q.name_idx[name] = index
   end
   return index
+end
+
+-- arq's record of a job (queue.lua's engine_job_record), one record maker per call and name.
+local function engine_record(name, payload, created)
+  local record = Q.records[name]
+  if not record then
+    record = engine_job_record(name)
+    Q.records[name] = record
+  end
+  return record(payload, created)
 end
 
 local function enqueue_job(job)
@@ -110,7 +121,7 @@ local function enqueue_job(job)
     if redis.call('PTTL', gate) < tonumber(gate_expiry) - now then redis.call('PEXPIREAT', gate, gate_expiry) end
   end
   if job[14] ~= '' then redis.call('HSET', C.owned, job_id, job[14]) end
-  engine_store(C.queue, engine_key, engine_job_bytes(name, payload, created), ttl_ms, false)
+  engine_store(C.queue, engine_key, engine_record(name, payload, created), ttl_ms, false)
   Q.woken = Q.woken + 1
   tally(Q.counts, Q.count_order, name, 1)
   if user_idx ~= '' then tally(Q.prunes, Q.prune_order, user_idx, 1) end
