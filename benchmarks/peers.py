@@ -385,7 +385,9 @@ async def run_until_sigterm(main: Awaitable[Any], stop: Callable[[], Awaitable[A
 # -- a private redis-server per run ----------------------------------------------------------------
 
 class RedisServer:
-    def __init__(self) -> None:
+    """A redis-server of this script's own; `wrapper` runs it under another command (valgrind)."""
+
+    def __init__(self, wrapper: tuple[str, ...] = ()) -> None:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = int(sock.getsockname()[1])
@@ -394,11 +396,11 @@ class RedisServer:
         if binary is None:
             raise SystemExit("redis-server is not installed")
         self.proc = subprocess.Popen(
-            [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", "",
+            [*wrapper, binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", self.dir, "--save", "",
              "--appendonly", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + (60 if wrapper else 10)
         while True:
             try:
                 with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):

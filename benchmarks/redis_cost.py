@@ -10,8 +10,10 @@ worker around them, so the call pattern is the same at every run: `--jobs` no-op
 `enqueue_many` (100 per call), then drained by finish calls of K runs that each claim K more (a
 busy worker's finishes: engine/finish.py with its claims), for K = 1, 3 and 10. Per job: Redis CPU
 (`cpu_us`, enqueue and drain) and commands (`cmds`, Lua's own calls counted). A worker at 10 slots
-draining no-op jobs forms finish calls of about 3 runs. The same call pattern runs under valgrind's
-callgrind for counts of instructions that do not move with the machine's load (docs/performance.md).
+draining no-op jobs forms finish calls of about 3 runs. With `--callgrind` the redis-server runs
+under valgrind's callgrind, and each phase also reports `ir`, Redis's instructions per job: the
+same count for the same calls whatever the machine's load, where its CPU time moves by 20% (run
+with --rounds 1: the counts do not vary; valgrind slows Redis about fiftyfold).
 
 `worker`: `--jobs` jobs queued by concurrent `ClientAgent.enqueue` calls (200 at a time, as
 throughput.py does), then drained by the fast worker (one process, burst mode). Redis counts a
@@ -34,8 +36,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
+import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
@@ -82,11 +87,47 @@ async def snapshot(redis: Redis) -> tuple[dict[str, tuple[int, int]], float, flo
     return by_command, float(cpu["used_cpu_user"]), float(cpu["used_cpu_sys"])
 
 
-async def measure(redis: Redis, phase: Callable[[], Awaitable[None]], jobs: int) -> dict[str, Any]:
+class Callgrind:
+    """Redis's instructions in one phase, counted by valgrind's callgrind in a redis-server started
+    under it with instrumentation off (CALLGRIND): on for the phase, then dumped under its name."""
+
+    WRAPPER = ("valgrind", "--tool=callgrind", "--instr-atstart=no")
+
+    def __init__(self, server: RedisServer, out_dir: str) -> None:
+        self._pid = str(server.proc.pid)
+        self._dir = Path(out_dir)
+
+    @classmethod
+    def wrapper(cls, out_dir: str) -> tuple[str, ...]:
+        return (*cls.WRAPPER, f"--callgrind-out-file={out_dir}/callgrind.%p")
+
+    def _control(self, *args: str) -> None:
+        subprocess.run(["callgrind_control", *args, self._pid], check=True, capture_output=True)
+
+    def start(self) -> None:
+        self._control("-i", "on")
+
+    def stop(self, name: str) -> int:
+        """Instrumentation off; the instructions counted since start()."""
+        self._control("-i", "off")
+        self._control("-d", name)
+        for dump in sorted(self._dir.glob("callgrind.*"), key=lambda p: p.stat().st_mtime, reverse=True):
+            text = dump.read_text(errors="replace")
+            if f"Trigger: dump {name}" in text:
+                return int(next(line for line in text.splitlines() if line.startswith("totals:")).split()[1])
+        raise SystemExit(f"no callgrind dump for {name} in {self._dir}")
+
+
+async def measure(
+    redis: Redis, phase: Callable[[], Awaitable[None]], jobs: int, callgrind: Callgrind | None = None
+) -> dict[str, Any]:
     """Run `phase()`; Redis's work in it, per job."""
     await redis.config_resetstat()
     _, user_before, sys_before = await snapshot(redis)
+    if callgrind:
+        callgrind.start()
     await phase()
+    ir = callgrind.stop(phase.__name__) if callgrind else None
     by_command, user_after, sys_after = await snapshot(redis)
     by_command = {name: v for name, v in by_command.items() if name.split("|")[0] not in _OURS}
     script_us = sum(us for name, (_, us) in by_command.items() if name in SCRIPT_COMMANDS) / jobs
@@ -100,6 +141,7 @@ async def measure(redis: Redis, phase: Callable[[], Awaitable[None]], jobs: int)
         "lua_own_us_at_least": round(script_us - commands_us, 1),
         "calls_per_job": round(sum(calls for calls, _ in by_command.values()) / jobs, 2),
         "top": {name: [round(calls / jobs, 2), round(us / jobs, 1)] for name, (calls, us) in top},
+        **({"ir": ir // jobs} if ir is not None else {}),
     }
 
 
@@ -124,7 +166,7 @@ class ClaimAsMany:
         self.replies.append(reply)
 
 
-async def scripted_run(url: str, jobs: int, runs_per_call: int) -> dict[str, Any]:
+async def scripted_run(url: str, jobs: int, runs_per_call: int, callgrind: Callgrind | None = None) -> dict[str, Any]:
     """Enqueue `jobs`, then drain them by finish calls of `runs_per_call` runs (one client)."""
     redis = Redis.from_url(url)
     namespace = f"cost-{uuid.uuid4().hex[:8]}"
@@ -168,8 +210,8 @@ async def scripted_run(url: str, jobs: int, runs_per_call: int) -> dict[str, Any
                 if done != jobs:
                     raise SystemExit(f"drained {done} of {jobs} jobs")
 
-            enqueued = await measure(redis, enqueue, jobs)
-            drained = await measure(redis, drain, jobs)
+            enqueued = await measure(redis, enqueue, jobs, callgrind)
+            drained = await measure(redis, drain, jobs, callgrind)
             if finisher.stats.largest != runs_per_call:
                 raise SystemExit(f"finish calls of {finisher.stats.largest} runs, not {runs_per_call}")
         return {"enqueue": enqueued, "drain": drained}
@@ -181,24 +223,24 @@ async def scripted(args: argparse.Namespace) -> dict[str, Any]:
     runs: dict[int, list[dict[str, Any]]] = {k: [] for k in RUNS_PER_CALL}
     for i in range(args.rounds):
         for k in RUNS_PER_CALL:
-            server = RedisServer()
+            out_dir = tempfile.mkdtemp(prefix="redis-cost-")
+            server = RedisServer(Callgrind.wrapper(out_dir) if args.callgrind else ())
+            callgrind = Callgrind(server, out_dir) if args.callgrind else None
             try:
-                run = await scripted_run(args.redis_url or server.url, args.jobs, k)
+                run = await scripted_run(server.url, args.jobs, k, callgrind)
             finally:
                 server.stop()
+                shutil.rmtree(out_dir, ignore_errors=True)
             runs[k].append(run)
             e, d = run["enqueue"], run["drain"]
-            print(f"round {i + 1} scripted {k:>2} runs per call: enqueue {e['cpu_us']:6.1f} µs/job "
+            ir = f" ({e['ir']:,} / {d['ir']:,} instructions)" if callgrind else ""
+            print(f"round {i + 1} scripted {k:>2} runs per call{ir}: enqueue {e['cpu_us']:6.1f} µs/job "
                   f"{e['calls_per_job']:.2f} cmds/job; drain {d['cpu_us']:6.1f} µs/job {d['calls_per_job']:.2f} "
                   f"cmds/job; top {d['top']}", flush=True)
+    fields = ("cpu_us", "user_us", "calls_per_job", *(("ir",) if args.callgrind else ()))
     return {
-        str(k): {
-            "enqueue_cpu_us": median_of(k_runs, "enqueue", "cpu_us"),
-            "enqueue_cmds": median_of(k_runs, "enqueue", "calls_per_job"),
-            "drain_cpu_us": median_of(k_runs, "drain", "cpu_us"),
-            "drain_user_us": median_of(k_runs, "drain", "user_us"),
-            "drain_cmds": median_of(k_runs, "drain", "calls_per_job"),
-        }
+        str(k): {f"{phase}_{field}": median_of(k_runs, phase, field) for phase in ("enqueue", "drain")
+                 for field in fields}
         for k, k_runs in runs.items()
     }
 
@@ -286,10 +328,11 @@ if __name__ == "__main__":
     parser.add_argument("--jobs", type=int, default=3000)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--mode", choices=("scripted", "worker", "both"), default="scripted")
-    parser.add_argument("--redis-url", help="scripted mode: a redis-server to use instead of a private one "
-                                            "(callgrind's, say); each run uses a namespace of its own")
+    parser.add_argument("--callgrind", action="store_true",
+                        help="scripted mode: run Redis under valgrind's callgrind and count its instructions")
     parser.add_argument("--worker", choices=sorted(VARIANTS), help=argparse.SUPPRESS)
     parser.add_argument("--namespace", help=argparse.SUPPRESS)
+    parser.add_argument("--redis-url", help=argparse.SUPPRESS)
     arguments = parser.parse_args()
     if arguments.worker:
         asyncio.run(worker_main(arguments.redis_url, arguments.namespace, arguments.worker))
