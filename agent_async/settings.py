@@ -96,11 +96,11 @@ class AgentSettings:
     # arq's finish of its job) in one script call (agent_async.engine.finish). Off: one per run.
     worker_coalesce: bool = True
     # With group commit: how long (ms) a finish call of a busy worker may wait for the runs still
-    # holding slots to end and join it. 0 (default): it goes as soon as no call is in flight. Calls
-    # of 10 runs instead of about 3 cost Redis a fifth fewer commands and CPU per job (more jobs/s
-    # from one Redis shared by many workers) and each worker some of its own rate; an outcome is
-    # written up to this much later.
-    worker_finish_linger_ms: float = 0.0
+    # holding slots to end and join it (0: it goes as soon as no call is in flight). Calls of 10 runs
+    # instead of about 3 cost Redis a fifth fewer commands and CPU per job (more jobs/s from one
+    # Redis shared by many workers) and a worker of no-op jobs about a tenth of its own rate; an
+    # outcome is written up to this much later. A run alone in its worker never waits.
+    worker_finish_linger_ms: float = 2.0
     # After start-up, a worker moves every object then alive out of Python's collector (gc.freeze):
     # full collections stop stalling its event loop. Off by default: it is process-wide, and an
     # object frozen then freed later is never reclaimed. For a process that only runs the worker.

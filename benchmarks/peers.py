@@ -1,7 +1,9 @@
 """agent-async against its peers (SAQ, Taskiq, Dramatiq) and arq's CLI worker, in one run.
 
-The fast worker runs twice: with its defaults (`agent_async`, the one the ratios compare) and with
-AGENT_WORKER_FINISH_LINGER_MS=2 (`agent_async_linger`: fewer, bigger finish calls).
+The fast worker runs twice: with its defaults (`agent_async`, the one the ratios compare; its
+finish calls wait up to AGENT_WORKER_FINISH_LINGER_MS=2 for the runs still holding slots) and with
+AGENT_WORKER_FINISH_LINGER_MS=0 (`agent_async_no_linger`: each finish call goes as soon as none is
+in flight, smaller calls: more jobs/s from one worker, more Redis work per job).
 
 Usage: python benchmarks/peers.py [--quick] [--jobs N] [--reps R] [--samples S] [--idle-s S]
 
@@ -72,9 +74,7 @@ NAP_S = 0.010
 PROBE = "bench:probe"
 CONCURRENCY = 10
 PEERS = ("saq", "taskiq", "dramatiq")
-QUEUES = ("agent_async", "agent_async_linger", "agent_async_arq_cli", *PEERS)
-# agent_async_linger: the fast worker with AGENT_WORKER_FINISH_LINGER_MS (bigger finish calls).
-FINISH_LINGER_MS = 2.0
+QUEUES = ("agent_async", "agent_async_no_linger", "agent_async_arq_cli", *PEERS)
 NAMESPACE = "peers"
 # Commands the driver itself sends while it measures, not counted against the queue.
 _DRIVER_COMMANDS = frozenset({"info", "getrange"})
@@ -170,7 +170,8 @@ async def gather_in_chunks(n: int, make: Callable[[], Awaitable[Any]], chunk: in
 class AgentSystem(System):
     name = "agent_async"
     stock = False
-    linger_ms = 0.0
+    # AGENT_WORKER_FINISH_LINGER_MS (None: the default)
+    linger_ms: float | None = None
 
     async def open(self) -> None:
         self.agent = Agent(AgentSettings(redis_url=self.url, namespace=NAMESPACE))
@@ -194,17 +195,17 @@ class AgentSystem(System):
         await self.client.enqueue(Probe())
 
     async def serve(self) -> None:
-        agent = Agent(AgentSettings(redis_url=self.url, namespace=NAMESPACE, worker_max_jobs=CONCURRENCY,
-                                    worker_finish_linger_ms=self.linger_ms))
+        linger = {} if self.linger_ms is None else {"worker_finish_linger_ms": self.linger_ms}
+        agent = Agent(AgentSettings(redis_url=self.url, namespace=NAMESPACE, worker_max_jobs=CONCURRENCY, **linger))
         try:
             await agent.run_worker(handle_signals=True, stock_worker=self.stock)
         finally:
             await agent.close()
 
 
-class AgentLingerSystem(AgentSystem):
-    name = "agent_async_linger"
-    linger_ms = FINISH_LINGER_MS
+class AgentNoLingerSystem(AgentSystem):
+    name = "agent_async_no_linger"
+    linger_ms = 0.0
 
 
 class AgentCliSystem(AgentSystem):
@@ -364,7 +365,7 @@ class DramatiqSystem(System):
 
 
 SYSTEMS: dict[str, type[System]] = {
-    s.name: s for s in (AgentSystem, AgentLingerSystem, AgentCliSystem, SaqSystem, TaskiqSystem, DramatiqSystem)
+    s.name: s for s in (AgentSystem, AgentNoLingerSystem, AgentCliSystem, SaqSystem, TaskiqSystem, DramatiqSystem)
 }
 
 

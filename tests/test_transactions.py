@@ -504,12 +504,29 @@ async def test_a_finish_linger_gathers_runs_that_end_apart_into_one_call(
         assert finishes == 10 and calls >= 5, (finishes, calls, largest)
 
 
+async def test_a_run_alone_in_its_worker_does_not_linger(
+    private_redis: PrivateRedis, namespace: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The linger (on by default) waits only for runs that still hold slots: a job that runs alone
+    has its outcome written at once, even with a bound of 100 ms."""
+    settings = private_settings(private_redis, namespace, tmp_path, caplog, worker_finish_linger_ms=100.0)
+    async with Agent(settings) as agent:
+        job_id = await ClientAgent(agent).enqueue(Sleep(duration_s=0.0))
+        await run_burst(agent)
+        state = await agent.job_store.get(job_id)
+    assert state is not None and state.status is JobStatus.SUCCESS
+    [(finishes, calls, _, longest_wait_ms)] = [r.args[:4] for r in caplog.records if r.msg.startswith("group commit")]
+    assert (finishes, calls) == (1, 1)
+    assert longest_wait_ms < 50, longest_wait_ms  # a wait for the bound would be 100 ms
+
+
 async def test_group_commit_is_a_setting(settings: AgentSettings) -> None:
     assert settings.worker_coalesce is True
     off = AgentSettings.from_env({"AGENT_WORKER_COALESCE": "false"})
     assert off.worker_coalesce is False
     assert dataclasses.replace(settings, worker_coalesce=False).worker_coalesce is False
-    assert settings.worker_finish_linger_ms == 0
+    assert settings.worker_finish_linger_ms == 2.0  # bigger finish calls by default (docs/performance.md)
+    assert AgentSettings.from_env({"AGENT_WORKER_FINISH_LINGER_MS": "0"}).worker_finish_linger_ms == 0
     assert AgentSettings.from_env({"AGENT_WORKER_FINISH_LINGER_MS": "2.5"}).worker_finish_linger_ms == 2.5
     with pytest.raises(ConfigurationError, match="AGENT_WORKER_FINISH_LINGER_MS"):
         AgentSettings.from_env({"AGENT_WORKER_FINISH_LINGER_MS": "500"})
