@@ -113,7 +113,7 @@ def mark_in_finish(claim_args: Sequence[str | int]) -> str:
     return str(claim_args[2])
 
 
-# claim_lib.lua's reply holds this many values per job (pickup.lua's PICKUP_STRIDE): engine id,
+# claim_lib.lua's reply holds this many values per job (pickup.lua's pickup_all): engine id,
 # score, picked up (1/0), the job's record, tries, aborted, then the START's reply (three values).
 _STRIDE = 9
 

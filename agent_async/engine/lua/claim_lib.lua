@@ -9,7 +9,7 @@
 -- tokens alone: an idle worker may still need them, for a job due later. Each job's in-progress
 -- key holds `mark` (arq writes '1', and only ever tests the key's existence): the worker's name for
 -- this claim call, by which it finds the jobs of a call whose reply it never got (lost_claims.lua).
--- Reply: {next, then per job pickup_all's PICKUP_STRIDE values: engine id, score, ...}. next: -1
+-- Reply: {next, then per job pickup_all's nine values: engine id, score, ...}. next: -1
 --        the batch is full and more due jobs may wait; -2 the read limit was all jobs claimed
 --        elsewhere (poll again soon); otherwise the score of the next deferred job, 0 if none.
 -- The queue is read for due jobs only, without their scores: Redis 7.0 writes each score of a
@@ -41,10 +41,10 @@ local function claim(queue, wake, now, ttl_ms, prefix, mark, wanted, limit, idle
     -- finishes: the running ones come first), in one call instead of a refused SET NX each.
     local claim_keys = {}
     for i = 1, last do claim_keys[i] = prefix .. entries[i] end
-    local held = last > 0 and redis.call('MGET', unpack(claim_keys)) or {}
+    local in_progress = last > 0 and redis.call('MGET', unpack(claim_keys)) or {}
     local i = 1
     while i <= last and claimed < wanted do
-      if not held[i] then
+      if not in_progress[i] then
         -- arq's EXISTS then PSETEX, in one call (the script is atomic: what MGET saw holds).
         redis.call('SET', claim_keys[i], mark, 'PX', ttl_ms)
         claimed = claimed + 1

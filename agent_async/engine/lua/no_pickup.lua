@@ -2,7 +2,6 @@
 -- KEYS: none of its own (a piece of claim_batch.lua)
 -- ARGV: none of its own
 -- pickup_all appends what pickup.lua's does for a job it does not pick up.
-local PICKUP_STRIDE = 9
 local function pickup_setup(args, first) end
 local function pickup_all(engine_ids, scores, now, reply)
   for i, engine_id in ipairs(engine_ids) do

@@ -8,13 +8,12 @@
 -- ARGV: none of its own: pickup_setup(args, first) reads, from args[first] on: engine id prefix of
 --       this namespace's jobs, state key prefix, active index, leases, lease ms, retention s, arq's
 --       abort set ('' if aborts are off) (Pickup.args, engine/claim.py)
--- pickup_all(engine ids, scores, now, reply) appends to `reply`, per job, PICKUP_STRIDE values:
--- engine id, score, then 1, job, tries, aborted and start_job's three values (false where it gave
--- none, all false if the start failed), or 0 and six false for a job that is not one of this
+-- pickup_all(engine ids, scores, now, reply) appends to `reply` nine values per job (engine/claim.py's
+-- _STRIDE): engine id, score, then 1, job, tries, aborted and start_job's three values (false where
+-- it gave none, all false if the start failed), or 0 and six false for a job that is not one of this
 -- namespace's tracked jobs (a cron tick): arq then picks it up itself. Flat: each table in a
 -- script's reply costs Redis a dozen lookups to convert.
 
-local PICKUP_STRIDE = 9
 local P_ENGINE, P_STATE, P_ACTIVE, P_LEASES, P_LEASE_MS, P_RETENTION, P_ABORT
 
 local function pickup_setup(args, first)

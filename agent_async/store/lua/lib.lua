@@ -4,10 +4,10 @@
 -- Redis's costs that shape this code (Redis 7.0, measured with callgrind: docs/performance.md):
 -- a number passed to redis.call is turned into text with printf("%.17g"), and so is a number
 -- concatenated into a string, each about as costly as a small command: times travel as the text
--- they arrived as (a script's ARGV), and a number is made text once per call (int_text). A field
--- that HMGET asks for and the hash lacks costs a scan of the whole hash: reads ask for what the
--- common path needs. Every table a reply becomes, and every table a script builds, costs an
--- allocation and a little garbage collection.
+-- they arrived as (a script's ARGV), and a number is made text once per call (int_text). Each
+-- field HMGET asks for costs about as much as a small command (its reply, then its conversion to
+-- Lua), there or not: reads ask for what the common path needs. Every table a reply becomes, and
+-- every table a script builds, costs an allocation and a little garbage collection.
 
 local TERMINAL_SET = {@TERMINAL_SET@}
 local WORKER_LOST = '@WORKER_LOST@'
@@ -381,7 +381,7 @@ end
 -- `now` and `lease_expiry`: ms, as text (or numbers). Returns what start.lua replies, as values:
 -- attempts, user, name when the job may run; -1 (no state); -2, status; -3, status.
 -- It reads what every start needs; a gated job's slot expiry and a redelivery's fields are read
--- only for those (each field HMGET asks for and the hash lacks is a scan of the whole hash).
+-- only for those (each field read costs about as much as a small command).
 local function start_job(state, active, leases, job_id, now, lease_expiry, retention_s, resent)
   local h = redis.call('HMGET', state, 'status', 'user', 'name', 'gate', 'attempts', 'updated_ms', 'error')
   local status, user, name = h[1], h[2] or '', h[3]
