@@ -43,6 +43,7 @@ from selenium.common.exceptions import (  # noqa: E402
     NoSuchElementException,
     StaleElementReferenceException,
     TimeoutException,
+    WebDriverException,
 )
 from selenium.webdriver.chrome.service import Service  # noqa: E402
 from selenium.webdriver.common.by import By  # noqa: E402
@@ -51,6 +52,8 @@ from selenium.webdriver.remote.webdriver import WebDriver  # noqa: E402
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
 WAIT_S = 20.0
+# What chromedriver says of an element a live update detached from the page after it was found.
+_DETACHED = "does not belong to the document"
 # tests/app/test_dashboard_jobs/jobs/steps.py, imported by the API and worker processes only.
 STEPS = "tests.dashboard.steps"
 
@@ -186,6 +189,12 @@ def wait_until(check: Callable[[], Any], what: str, timeout_s: float = WAIT_S) -
                 return value
         except (StaleElementReferenceException, NoSuchElementException, AssertionError) as exc:
             # NoSuchElement: the page is between two loads (a form's POST, then its redirect).
+            last = exc
+        except WebDriverException as exc:
+            # A live update replaced the element between its lookup and its read: chromedriver
+            # reports that as an "unknown error" from the inspector, not as a stale element.
+            if _DETACHED not in str(exc):
+                raise
             last = exc
         time.sleep(0.05)
     raise TimeoutException(f"timed out waiting for {what}" + (f" ({last})" if last else ""))
