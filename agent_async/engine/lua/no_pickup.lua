@@ -4,9 +4,5 @@
 -- pickup_all appends what pickup.lua's does for a job it does not pick up.
 local function pickup_setup(args, first) end
 local function pickup_all(engine_ids, scores, now, reply)
-  for i, engine_id in ipairs(engine_ids) do
-    local n = #reply
-    reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4], reply[n + 5] = engine_id, scores[i], 0, false, false
-    reply[n + 6], reply[n + 7], reply[n + 8], reply[n + 9] = false, false, false, false
-  end
+  for i, engine_id in ipairs(engine_ids) do engine_not_picked(reply, engine_id, scores[i]) end
 end

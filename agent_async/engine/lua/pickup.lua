@@ -64,14 +64,13 @@ local function pickup_all(engine_ids, scores, now, reply)
   local k = 0
   batch_begin()
   for i, engine_id in ipairs(engine_ids) do
-    local n = #reply
-    reply[n + 1], reply[n + 2] = engine_id, scores[i]
     if mine[i] then
       k = k + 1
+      local n = #reply
+      reply[n + 1], reply[n + 2] = engine_id, scores[i]
       pickup_one(engine_id, jobs[k], now_text, lease_expiry, abort_live, reply)
     else
-      reply[n + 3], reply[n + 4], reply[n + 5], reply[n + 6] = 0, false, false, false
-      reply[n + 7], reply[n + 8], reply[n + 9] = false, false, false
+      engine_not_picked(reply, engine_id, scores[i])
     end
   end
   batch_end()

@@ -38,6 +38,14 @@ end
 -- the jobs of one call that run the same function.
 local function engine_job_key(engine_id) return '@JOB_PREFIX@' .. engine_id end
 
+-- A claimed job that arq picks up itself, in a claim's reply (claim_lib.lua): its engine id and
+-- score, 0 (not picked up), then seven false where a pickup's values would be (pickup.lua).
+local function engine_not_picked(reply, engine_id, score)
+  local n = #reply
+  reply[n + 1], reply[n + 2], reply[n + 3], reply[n + 4], reply[n + 5] = engine_id, score, 0, false, false
+  reply[n + 6], reply[n + 7], reply[n + 8], reply[n + 9] = false, false, false, false
+end
+
 local function engine_job_record(fn)
   local head = '{"t":null,"f":' .. cjson.encode(fn) .. ',"a":['
   return function(payload, enqueue_ms) return head .. payload .. '],"k":{},"et":' .. enqueue_ms .. '}' end

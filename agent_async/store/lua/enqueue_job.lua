@@ -20,8 +20,7 @@ local C = nil
 local function enqueue_begin(constants)
   batch_begin()
   C = constants
-  Q = {zsets = {}, counts = {}, count_order = {}, prunes = {}, prune_order = {}, woken = 0, name_idx = {},
-       records = {}}
+  Q = {zsets = {}, counts = {}, count_order = {}, prunes = {}, prune_order = {}, woken = 0, per_name = {}}
 end
 
 -- One job's zset entries, all or none: `zsets` holds (key, score, member) triples in a row. A key's
@@ -53,24 +52,15 @@ local function write_zsets(zsets)
   return true
 end
 
--- The job-type index of `name`, built once per call.
-local function name_index(name)
-  local index = Q.name_idx[name]
-  if not index then
-    index = idx_key(C.active, 'name:' .. name)
-    Q.name_idx[name] = index
+-- What the call's jobs of one name share, built at its first: the job-type index and the maker of
+-- arq's records (queue.lua's engine_job_record).
+local function of_name(name)
+  local shared = Q.per_name[name]
+  if not shared then
+    shared = {index = idx_key(C.active, 'name:' .. name), record = engine_job_record(name)}
+    Q.per_name[name] = shared
   end
-  return index
-end
-
--- arq's record of a job (queue.lua's engine_job_record), one record maker per call and name.
-local function engine_record(name, payload, created)
-  local record = Q.records[name]
-  if not record then
-    record = engine_job_record(name)
-    Q.records[name] = record
-  end
-  return record(payload, created)
+  return shared
 end
 
 local function enqueue_job(job)
@@ -100,8 +90,9 @@ local function enqueue_job(job)
   local sched_idx = schedule ~= '' and C.schedule_prefix .. schedule or ''
   -- The engine's queue is one of the checked zset writes (no TYPE call for it either).
   local q_key, q_score, q_member = engine_queue_entry(C.queue, engine_id, score)
+  local shared = of_name(name)
   local zsets = {q_key, q_score, q_member, C.active, created, job_id, C.all_idx, created, job_id,
-                 name_index(name), created, job_id, user_idx, created, job_id, sched_idx, created, job_id}
+                 shared.index, created, job_id, user_idx, created, job_id, sched_idx, created, job_id}
   if not write_zsets(zsets) then return -2 end
   local fields = {'name', name, 'status', 'PENDING', 'payload', payload, 'attempts', '0', 'created_ms', job[2],
                   'resume', job[12], 'max_try', job[13], 'updated_ms', job[2]}
@@ -121,7 +112,7 @@ local function enqueue_job(job)
     if redis.call('PTTL', gate) < tonumber(gate_expiry) - now then redis.call('PEXPIREAT', gate, gate_expiry) end
   end
   if job[14] ~= '' then redis.call('HSET', C.owned, job_id, job[14]) end
-  engine_store(C.queue, engine_key, engine_record(name, payload, created), ttl_ms, false)
+  engine_store(C.queue, engine_key, shared.record(payload, created), ttl_ms, false)
   Q.woken = Q.woken + 1
   tally(Q.counts, Q.count_order, name, 1)
   if user_idx ~= '' then tally(Q.prunes, Q.prune_order, user_idx, 1) end

@@ -338,17 +338,10 @@ local function end_job(state, active, leases, job_id, status, now, retention_s, 
   -- event carries (nothing below changes the name, user or attempts).
   local h = known or redis.call('HMGET', state, unpack(END_FIELDS))
   if type(now) == 'number' then now = int_text(now) end
-  local has_err, has_result = err and err ~= '', result and result ~= ''
-  if has_err then h[8] = err end
-  if has_err and has_result then
-    redis.call('HSET', state, 'status', status, 'updated_ms', now, 'finished_ms', now, 'error', err, 'result', result)
-  elseif has_err then
-    redis.call('HSET', state, 'status', status, 'updated_ms', now, 'finished_ms', now, 'error', err)
-  elseif has_result then
-    redis.call('HSET', state, 'status', status, 'updated_ms', now, 'finished_ms', now, 'result', result)
-  else
-    redis.call('HSET', state, 'status', status, 'updated_ms', now, 'finished_ms', now)
-  end
+  local fields = {'status', status, 'updated_ms', now, 'finished_ms', now}
+  if err and err ~= '' then fields[#fields + 1] = 'error'; fields[#fields + 1] = err; h[8] = err end
+  if result and result ~= '' then fields[#fields + 1] = 'result'; fields[#fields + 1] = result end
+  redis.call('HSET', state, unpack(fields))
   zrem_later(active, job_id)
   zrem_later(leases, job_id)
   if h[1] then zrem_later(h[1], job_id) end
