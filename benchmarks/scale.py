@@ -2,7 +2,7 @@
 1,000,000 with --big), the same with as many finished states retained, and Redis memory per queued
 job and per retained finished state.
 
-Usage: python benchmarks/scale.py [--big] [--window-s S]
+Usage: python benchmarks/scale.py [--big] [--window-s S] [--rounds R]
 
 Each backlog size gets a private redis-server (benchmarks/peers.py's RedisServer), so memory is
 read off `INFO memory` with nothing else in it. The backlog is queued with ClientAgent.enqueue_many
@@ -12,10 +12,18 @@ backlog stays in the queue ZSET and the indexes the whole time). Then, at that b
 (`benchmarks/throughput.py --worker agent`, one process) running those for `--window-s` seconds.
 Memory: `queued_job_bytes` is the used-memory growth per backlog job; `finished_state_bytes` is
 the growth per job of 5,000 jobs queued then drained to SUCCESS (JobState hash, its index entries,
-its events; arq's result key is not kept). The event stream is capped near 100,000 events, so its
-share per job falls for bigger runs. `retained`: the same two rates with that many jobs run to
+its events; arq's result key is not kept). The event stream is capped (store/scripts.py's
+EVENTS_KEPT entries of up to EVENTS_PER_ENTRY events each: at most some 58 MB whatever the number
+of jobs), so its share per job falls for bigger runs: each memory figure also comes `_without_events`,
+the growth less the stream's own (`MEMORY USAGE`), what a job costs once the stream is full.
+`retained`: the same two rates with that many jobs run to
 SUCCESS first (their states, index entries and events kept, as for the retention period), and
 the memory growth per one of them. Last line: one JSON object, ratios against the smallest size.
+
+The sizes run one after the other, minutes apart with --big, and this machine's speed drifts by a
+fifth over that long: with `--rounds 2` (or more) every second round runs them in the reverse
+order (1k, 100k, 1M, then 1M, 100k, 1k), so a steady drift weighs on each size alike, and each
+figure is the median over the rounds (with two, their mean).
 """
 
 from __future__ import annotations
@@ -25,10 +33,11 @@ import asyncio
 import contextlib
 import json
 import signal
+import statistics
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,13 +90,28 @@ def drain_rate(namespace: str, url: str, window_s: float) -> float:
 
 @dataclass
 class Fresh:
-    """A private redis-server with one namespace, an Agent on it, and the memory it used before."""
+    """A private redis-server with one namespace, an Agent on it, and the memory it used before
+    (all of it, and its event stream's)."""
 
     url: str
     redis: Redis
     namespace: str
     client: ClientAgent
     before_bytes: int
+    before_events_bytes: int
+
+
+async def events_bytes(redis: Redis, namespace: str) -> int:
+    """The event stream's memory (every node counted: SAMPLES 0)."""
+    used = await redis.memory_usage(f"{namespace}:events", samples=0)
+    return int(used or 0)
+
+
+async def grown(fresh: Fresh, jobs: int) -> tuple[float, float]:
+    """Used memory's growth per job since `fresh` began, and the same less the event stream's."""
+    growth = await used_memory(fresh.redis) - fresh.before_bytes
+    stream_growth = await events_bytes(fresh.redis, fresh.namespace) - fresh.before_events_bytes
+    return growth / jobs, (growth - stream_growth) / jobs
 
 
 @contextlib.asynccontextmanager
@@ -99,7 +123,8 @@ async def fresh_redis() -> AsyncIterator[Fresh]:
         async with Agent(AgentSettings(redis_url=server.url, namespace=namespace)) as agent:
             client = ClientAgent(agent)
             await client.enqueue_many([Noop()], "bench")  # loads the scripts
-            yield Fresh(server.url, redis, namespace, client, await used_memory(redis))
+            yield Fresh(server.url, redis, namespace, client, await used_memory(redis),
+                        await events_bytes(redis, namespace))
     finally:
         await redis.aclose()
         server.stop()
@@ -108,11 +133,12 @@ async def fresh_redis() -> AsyncIterator[Fresh]:
 async def at_backlog(backlog: int, window_s: float) -> dict[str, float]:
     async with fresh_redis() as fresh:
         await enqueue_all(fresh.client, backlog, defer_s=BACKLOG_DEFER_S)
-        queued_job_bytes = (await used_memory(fresh.redis) - fresh.before_bytes) / backlog
+        queued_job_bytes, queued_job_bytes_without_events = await grown(fresh, backlog)
         enqueue_per_s = await enqueue_all(fresh.client, MEASURED_JOBS)
         drain_per_s = drain_rate(fresh.namespace, fresh.url, window_s)
     return {"enqueue_per_s": round(enqueue_per_s), "drain_per_s": round(drain_per_s),
-            "queued_job_bytes": round(queued_job_bytes)}
+            "queued_job_bytes": round(queued_job_bytes),
+            "queued_job_bytes_without_events": round(queued_job_bytes_without_events)}
 
 
 async def at_retained(retained: int, window_s: float) -> dict[str, float]:
@@ -126,11 +152,12 @@ async def at_retained(retained: int, window_s: float) -> dict[str, float]:
         stats = await fresh.client.queue_stats()
         if stats.depth:
             raise SystemExit(f"{stats.depth} of the jobs to retain were not run")
-        state_bytes = (await used_memory(fresh.redis) - fresh.before_bytes) / retained
+        state_bytes, state_bytes_without_events = await grown(fresh, retained)
         enqueue_per_s = await enqueue_all(fresh.client, MEASURED_JOBS)
         drain_per_s = drain_rate(fresh.namespace, fresh.url, window_s)
     return {"enqueue_per_s": round(enqueue_per_s), "drain_per_s": round(drain_per_s),
-            "finished_state_bytes": round(state_bytes)}
+            "finished_state_bytes": round(state_bytes),
+            "finished_state_bytes_without_events": round(state_bytes_without_events)}
 
 
 async def finished_state_bytes() -> float:
@@ -138,7 +165,7 @@ async def finished_state_bytes() -> float:
         await enqueue_all(fresh.client, FINISHED_JOBS)
         proc = spawn_worker("agent", fresh.namespace, fresh.url, burst=True)
         proc.communicate(timeout=600)
-        return (await used_memory(fresh.redis) - fresh.before_bytes) / FINISHED_JOBS
+        return (await grown(fresh, FINISHED_JOBS))[0]
 
 
 async def warm_up() -> None:
@@ -147,17 +174,27 @@ async def warm_up() -> None:
         await enqueue_all(fresh.client, MEASURED_JOBS)
 
 
+async def by_size(
+    what: str, measure: Callable[[int, float], Awaitable[dict[str, float]]], sizes: list[int], args: argparse.Namespace
+) -> dict[str, dict[str, float]]:
+    """`measure` at each size, `args.rounds` times, every second round in the reverse order; the
+    median of each figure by size."""
+    rounds: dict[int, list[dict[str, float]]] = {size: [] for size in sizes}
+    for r in range(args.rounds):
+        for size in sizes if r % 2 == 0 else reversed(sizes):
+            figures = await measure(size, args.window_s)
+            rounds[size].append(figures)
+            print(f"{what} {size:>9,} (round {r + 1}): {figures}", flush=True)
+    return {
+        str(size): {k: round(statistics.median(f[k] for f in runs)) for k in runs[0]} for size, runs in rounds.items()
+    }
+
+
 async def main(args: argparse.Namespace) -> None:
     sizes = [1000, 100_000] + ([1_000_000] if args.big else [])
     await warm_up()
-    by_size: dict[str, dict[str, float]] = {}
-    for size in sizes:
-        by_size[str(size)] = figures = await at_backlog(size, args.window_s)
-        print(f"backlog {size:>9,}: {figures}", flush=True)
-    by_retained: dict[str, dict[str, float]] = {}
-    for size in sizes:
-        by_retained[str(size)] = figures = await at_retained(size, args.window_s)
-        print(f"retained {size:>9,}: {figures}", flush=True)
+    backlogs = await by_size("backlog", at_backlog, sizes, args)
+    retained = await by_size("retained", at_retained, sizes, args)
     state_bytes = await finished_state_bytes()
     print(f"finished state: {state_bytes:.0f} bytes per job", flush=True)
     smallest, largest = str(sizes[0]), str(sizes[-1])
@@ -166,16 +203,20 @@ async def main(args: argparse.Namespace) -> None:
         return round(figures[largest][rate] / figures[smallest][rate], 3)
 
     result: dict[str, Any] = {
-        "backlogs": by_size,
-        "retained": by_retained,
+        "backlogs": backlogs,
+        "retained": retained,
         "finished_state_bytes": round(state_bytes),
-        "queued_job_bytes_at_100k": by_size["100000"]["queued_job_bytes"],
-        "finished_state_bytes_at_100k": by_retained["100000"]["finished_state_bytes"],
-        "enqueue_ratio_largest_vs_smallest": ratio(by_size, "enqueue_per_s"),
-        "drain_ratio_largest_vs_smallest": ratio(by_size, "drain_per_s"),
-        "retained_enqueue_ratio_largest_vs_smallest": ratio(by_retained, "enqueue_per_s"),
-        "retained_drain_ratio_largest_vs_smallest": ratio(by_retained, "drain_per_s"),
+        "queued_job_bytes_at_100k": backlogs["100000"]["queued_job_bytes"],
+        "finished_state_bytes_at_100k": retained["100000"]["finished_state_bytes"],
+        "queued_job_bytes_without_events_at_largest": backlogs[largest]["queued_job_bytes_without_events"],
+        "finished_state_bytes_without_events_at_largest":
+            retained[largest]["finished_state_bytes_without_events"],
+        "enqueue_ratio_largest_vs_smallest": ratio(backlogs, "enqueue_per_s"),
+        "drain_ratio_largest_vs_smallest": ratio(backlogs, "drain_per_s"),
+        "retained_enqueue_ratio_largest_vs_smallest": ratio(retained, "enqueue_per_s"),
+        "retained_drain_ratio_largest_vs_smallest": ratio(retained, "drain_per_s"),
         "window_s": args.window_s,
+        "rounds": args.rounds,
     }
     print(json.dumps(result))
 
@@ -184,4 +225,5 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--big", action="store_true", help="also 1,000,000 queued jobs, and retained (minutes, GBs)")
     parser.add_argument("--window-s", type=float, default=6.0)
+    parser.add_argument("--rounds", type=int, default=1, help="every size this many times, every second round reversed")
     asyncio.run(main(parser.parse_args()))
