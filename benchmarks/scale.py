@@ -14,11 +14,11 @@ Memory: `queued_job_bytes` is the used-memory growth per backlog job; `finished_
 the growth per job of 5,000 jobs queued then drained to SUCCESS (JobState hash, its index entries,
 its events; arq's result key is not kept). The event stream is capped (store/scripts.py's
 EVENTS_KEPT entries of up to EVENTS_PER_ENTRY events each: at most some 58 MB whatever the number
-of jobs), so its share per job falls for bigger runs: each memory figure also comes `_without_events`,
-the growth less the stream's own (`MEMORY USAGE`), what a job costs once the stream is full.
-`retained`: the same two rates with that many jobs run to
-SUCCESS first (their states, index entries and events kept, as for the retention period), and
-the memory growth per one of them. Last line: one JSON object, ratios against the smallest size.
+of jobs), so its share per job falls for bigger runs: each memory figure also comes
+`_without_events`, the growth less the stream's own (`MEMORY USAGE`), what a job costs once the
+stream is full. `retained`: the same two rates with that many jobs run to SUCCESS first (their
+states, index entries and events kept, as for the retention period), and the memory growth per
+one of them. Last line: one JSON object, ratios against the smallest size.
 
 The sizes run one after the other, minutes apart with --big, and this machine's speed drifts by a
 fifth over that long: with `--rounds 2` (or more) every second round runs them in the reverse
